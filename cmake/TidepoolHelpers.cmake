@@ -1,0 +1,55 @@
+# tidepool_layer(NAME [DEPS layer...] [DIRS dir...])
+# One layer of the library as an object library tidepool_NAME built from the
+# .cpp files in src/NAME (or DIRS). Layers link only the layers below them, so
+# a test of one layer builds without the layers above it.
+function(tidepool_layer name)
+  cmake_parse_arguments(ARG "" "" "DEPS;DIRS" ${ARGN})
+  if(NOT ARG_DIRS)
+    set(ARG_DIRS src/${name})
+  endif()
+  set(sources)
+  foreach(dir IN LISTS ARG_DIRS)
+    file(GLOB dir_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.cpp)
+    list(APPEND sources ${dir_sources})
+  endforeach()
+  if(NOT sources)  # a layer not written yet: its dependents skip it
+    return()
+  endif()
+  add_library(tidepool_${name} OBJECT ${sources})
+  target_include_directories(tidepool_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include
+                             PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  foreach(dep IN LISTS ARG_DEPS)
+    if(TARGET tidepool_${dep})
+      target_link_libraries(tidepool_${name} PUBLIC tidepool_${dep})
+    endif()
+  endforeach()
+  set_property(GLOBAL APPEND PROPERTY TIDEPOOL_LAYERS ${name})
+  get_property(layers GLOBAL PROPERTY TIDEPOOL_LAYERS)
+  set(TIDEPOOL_LAYERS ${layers} PARENT_SCOPE)
+endfunction()
+
+# tidepool_link_layer(TARGET LAYER): links a layer and, transitively, the
+# objects of every layer below it (object libraries pass usage requirements
+# but not their objects).
+function(tidepool_link_layer target layer)
+  set(pending tidepool_${layer})
+  set(seen)
+  while(pending)
+    list(POP_FRONT pending current)
+    if(current IN_LIST seen)
+      continue()
+    endif()
+    list(APPEND seen ${current})
+    get_target_property(deps ${current} INTERFACE_LINK_LIBRARIES)
+    foreach(dep IN LISTS deps)
+      if(dep MATCHES "^tidepool_")
+        list(APPEND pending ${dep})
+      endif()
+    endforeach()
+  endwhile()
+  list(POP_FRONT seen)  # the layer itself: its objects come with linking it
+  foreach(lib IN LISTS seen)
+    target_sources(${target} PRIVATE $<TARGET_OBJECTS:${lib}>)
+  endforeach()
+  target_link_libraries(${target} PRIVATE tidepool_${layer} ${CMAKE_DL_LIBS} rt)
+endfunction()

@@ -1,0 +1,127 @@
+// Errors as values. A failed allocation, a bad pointer or a bad setting is an
+// `Error` carried in an `Expected<T>`; `Exception` is how it leaves at an API
+// edge (the command, the bindings) when the caller prefers to throw.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace tidepool {
+
+enum class Errc {
+  out_of_memory,     // the device or the pool cannot serve the request
+  invalid_argument,  // a request or setting outside what is allowed
+  invalid_pointer,   // a pointer this allocator never handed out
+  double_free,       // a pointer handed out, then freed already
+  unsupported,       // the device lacks the capability (e.g. virtual memory)
+  device_error,      // the driver or the OS refused (carries its message)
+  limit_reached,     // an OS or driver limit (e.g. vm.max_map_count)
+  corrupt_data,      // a trace, ledger segment or file that cannot be trusted
+  io_error,          // a file could not be read or written
+};
+
+/// Name of an error code, e.g. "out_of_memory".
+const char* errc_name(Errc code) noexcept;
+
+/// What an out-of-memory error knows about the state that refused it.
+struct OomReport {
+  std::size_t requested_bytes = 0;
+  std::size_t bytes_in_use = 0;        // live bytes handed out by the pool
+  std::size_t bytes_reserved = 0;      // bytes the pool holds from the device
+  std::size_t device_free_bytes = 0;   // what the device says is free
+  std::size_t largest_free_block_bytes = 0;  // largest block the pool could hand out
+  std::string hint;                    // what to try next; may be empty
+};
+
+class Error {
+ public:
+  Error(Errc code, std::string message) : code_(code), message_(std::move(message)) {}
+  /// An out-of-memory error; the message is composed from the report.
+  static Error out_of_memory(std::string_view who, OomReport report);
+
+  Errc code() const noexcept { return code_; }
+  const std::string& message() const noexcept { return message_; }
+  /// The report of an out-of-memory error, or null.
+  const OomReport* oom() const noexcept { return oom_ ? &*oom_ : nullptr; }
+
+ private:
+  Errc code_;
+  std::string message_;
+  std::optional<OomReport> oom_;
+};
+
+/// An `Error` thrown at an API edge.
+class Exception : public std::runtime_error {
+ public:
+  explicit Exception(Error error) : std::runtime_error(error.message()), error_(std::move(error)) {}
+  const Error& error() const noexcept { return error_; }
+
+ private:
+  Error error_;
+};
+
+/// A value or the error that prevented it (std::expected is C++23).
+template <class T>
+class [[nodiscard]] Expected {
+ public:
+  Expected(T value) : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  Expected(Error error) : state_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
+
+  bool has_value() const noexcept { return state_.index() == 0; }
+  explicit operator bool() const noexcept { return has_value(); }
+
+  /// The value; throws `Exception` if this holds an error.
+  T& value() & {
+    if (!has_value()) throw Exception(std::get<1>(state_));
+    return std::get<0>(state_);
+  }
+  const T& value() const& {
+    if (!has_value()) throw Exception(std::get<1>(state_));
+    return std::get<0>(state_);
+  }
+  T&& value() && {
+    if (!has_value()) throw Exception(std::get<1>(state_));
+    return std::get<0>(std::move(state_));
+  }
+  T& operator*() & { return std::get<0>(state_); }
+  const T& operator*() const& { return std::get<0>(state_); }
+  T* operator->() { return &std::get<0>(state_); }
+  const T* operator->() const { return &std::get<0>(state_); }
+
+  /// Precondition: !has_value().
+  const Error& error() const& { return std::get<1>(state_); }
+  Error&& error() && { return std::get<1>(std::move(state_)); }
+
+ private:
+  std::variant<T, Error> state_;
+};
+
+/// Success or an error.
+template <>
+class [[nodiscard]] Expected<void> {
+ public:
+  Expected() = default;
+  Expected(Error error) : error_(std::move(error)) {}  // NOLINT: implicit by design
+
+  bool has_value() const noexcept { return !error_.has_value(); }
+  explicit operator bool() const noexcept { return has_value(); }
+  /// Throws `Exception` if this holds an error.
+  void value() const {
+    if (error_) throw Exception(*error_);
+  }
+  /// Precondition: !has_value().
+  const Error& error() const& { return *error_; }
+  Error&& error() && { return std::move(*error_); }
+
+ private:
+  std::optional<Error> error_;
+};
+
+using Status = Expected<void>;
+
+}  // namespace tidepool

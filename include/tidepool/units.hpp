@@ -1,0 +1,36 @@
+// Byte sizes: parsing what users type ("80GiB", "512MiB", "4096") and printing
+// sizes people can read. Shared by config, the command and the reports.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tidepool/error.hpp"
+
+namespace tidepool {
+
+inline constexpr std::size_t KiB = std::size_t{1} << 10;
+inline constexpr std::size_t MiB = std::size_t{1} << 20;
+inline constexpr std::size_t GiB = std::size_t{1} << 30;
+inline constexpr std::size_t TiB = std::size_t{1} << 40;
+
+/// Precondition: alignment is a power of two.
+constexpr std::size_t round_up(std::size_t n, std::size_t alignment) noexcept {
+  return (n + alignment - 1) & ~(alignment - 1);
+}
+constexpr bool is_aligned(std::uintptr_t n, std::size_t alignment) noexcept {
+  return (n & (alignment - 1)) == 0;
+}
+
+/// Parses a byte count: a non-negative number (decimals allowed with a unit)
+/// followed by an optional unit B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB
+/// (case-insensitive; all units are binary, as GPU memory is). "80GiB",
+/// "1.5G", "4096". An error names the text and what is allowed.
+Expected<std::size_t> parse_bytes(std::string_view text);
+
+/// "1.50 GiB", "256 B", "12.0 MiB": three significant digits, binary units.
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace tidepool

@@ -1,0 +1,52 @@
+#include "tidepool/units.hpp"
+
+#include <gtest/gtest.h>
+
+namespace tidepool {
+namespace {
+
+TEST(ParseBytes, AcceptsNumbersAndBinaryUnits) {
+  EXPECT_EQ(*parse_bytes("4096"), 4096u);
+  EXPECT_EQ(*parse_bytes("80GiB"), 80 * GiB);
+  EXPECT_EQ(*parse_bytes("80g"), 80 * GiB);
+  EXPECT_EQ(*parse_bytes(" 512 MiB "), 512 * MiB);
+  EXPECT_EQ(*parse_bytes("1.5GiB"), 3 * GiB / 2);
+  EXPECT_EQ(*parse_bytes("2KB"), 2 * KiB);
+  EXPECT_EQ(*parse_bytes("0"), 0u);
+}
+
+TEST(ParseBytes, RefusesWhatIsNotASize) {
+  for (const char* bad : {"", "-3", "abc", "12XB", "1.2.3", "GiB", "99999999999999999999",
+                          "20000000000TiB", "+5"}) {
+    auto parsed = parse_bytes(bad);
+    ASSERT_FALSE(parsed) << bad;
+    EXPECT_EQ(parsed.error().code(), Errc::invalid_argument);
+    EXPECT_NE(parsed.error().message().find(bad), std::string::npos) << parsed.error().message();
+  }
+}
+
+TEST(FormatBytes, ReadsLikeAPerson) {
+  EXPECT_EQ(format_bytes(256), "256 B");
+  EXPECT_EQ(format_bytes(3 * GiB / 2), "1.50 GiB");
+  EXPECT_EQ(format_bytes(80 * GiB), "80.0 GiB");
+  EXPECT_EQ(format_bytes(12 * MiB), "12.0 MiB");
+}
+
+TEST(Expected, CarriesValueOrError) {
+  Expected<int> ok = 3;
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(*ok, 3);
+  Expected<int> bad = Error(Errc::invalid_argument, "nope");
+  ASSERT_FALSE(bad);
+  EXPECT_THROW(bad.value(), Exception);
+  Status fine;
+  EXPECT_TRUE(fine);
+  Status oom = Error::out_of_memory("bfc", OomReport{.requested_bytes = 1024, .hint = "try less"});
+  ASSERT_FALSE(oom);
+  ASSERT_NE(oom.error().oom(), nullptr);
+  EXPECT_EQ(oom.error().oom()->requested_bytes, 1024u);
+  EXPECT_NE(oom.error().message().find("try less"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tidepool
