@@ -24,7 +24,8 @@ enum class Op : std::uint8_t {
 struct Event {
   Op op;
   std::uint32_t block = 0;    // alloc/free: the lifetime; unused for segment events
-  std::uint64_t bytes = 0;    // requested bytes (not rounded); segment events: segment bytes
+  std::uint64_t bytes = 0;    // requested bytes (not rounded); a free carries its alloc's bytes;
+                              // segment events: segment bytes
   Stream stream = kDefaultStream;
   std::int64_t time_us = -1;  // when recorded; -1 if the format has no time
 };
@@ -37,6 +38,7 @@ struct Trace {
   std::size_t unmatched_frees = 0;       // frees whose alloc the record lacks (ring buffer), skipped
   std::size_t failed_allocs = 0;         // allocations the recorded program saw fail (kept out of events)
   std::size_t device_capacity = 0;       // the recorded device's memory, 0 if unknown
+  std::int32_t device = -1;              // the recorded device's index (PyTorch snapshots), -1 if unknown
   bool has_segments = false;             // segment events present: "what the recorder reserved"
 };
 
