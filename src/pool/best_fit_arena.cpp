@@ -1,0 +1,318 @@
+#include "pool/best_fit_arena.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "tidepool/units.hpp"
+
+namespace tidepool::pool {
+namespace {
+
+std::string hex(std::uintptr_t address) {
+  char text[2 + 16 + 1];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(address));
+  return text;
+}
+
+std::string stream_name(Stream stream) {
+  return stream == kNoStream ? std::string("none") : std::to_string(stream);
+}
+
+// How many chunks of each region dump() lists before summarizing the rest.
+constexpr std::size_t kDumpChunksPerRegion = 32;
+
+}  // namespace
+
+BestFitArena::BestFitArena(Device& device, ArenaOptions options) : device_(device), options_(options) {}
+
+Status BestFitArena::add_region(void* base, std::size_t bytes) {
+  const auto address = reinterpret_cast<std::uintptr_t>(base);
+  if (base == nullptr || !is_aligned(address, kChunkGranule)) {
+    return Error(Errc::invalid_argument, "best-fit arena: region base " + hex(address) + " is not " +
+                                             std::to_string(kChunkGranule) + "-byte aligned");
+  }
+  if (bytes == 0 || bytes % kChunkGranule != 0 || address + bytes < address) {
+    return Error(Errc::invalid_argument, "best-fit arena: region size " + std::to_string(bytes) +
+                                             " at " + hex(address) + " is not a positive multiple of " +
+                                             std::to_string(kChunkGranule));
+  }
+  const auto after = std::lower_bound(regions_.begin(), regions_.end(), address,
+                                      [](const Region& r, std::uintptr_t a) { return r.base < a; });
+  const bool overlaps_next = after != regions_.end() && after->base < address + bytes;
+  const bool overlaps_prev = after != regions_.begin() && std::prev(after)->base + std::prev(after)->bytes > address;
+  if (overlaps_next || overlaps_prev) {
+    return Error(Errc::invalid_argument, "best-fit arena: region [" + hex(address) + ", " +
+                                             hex(address + bytes) + ") overlaps a region it already has");
+  }
+  const ChunkId id = chunks_.create();
+  Chunk& chunk = chunks_[id];
+  chunk.address = address;
+  chunk.size = bytes;
+  chunk.stream = kNoStream;
+  starts_.insert(address, id);
+  bins_.insert(chunks_, id);
+  const auto index = after - regions_.begin();
+  regions_.insert(after, Region{address, bytes, id});
+  region_ranges_.insert(region_ranges_.begin() + index, MemoryRange{base, bytes});
+  region_bytes_ += bytes;
+  return {};
+}
+
+bool BestFitArena::should_split(std::size_t chunk_size, std::size_t bytes) const noexcept {
+  const std::size_t remainder = chunk_size - bytes;
+  return remainder >= bytes || remainder >= options_.max_internal_fragmentation_bytes;
+}
+
+void BestFitArena::split(ChunkId id, std::size_t bytes) {
+  const ChunkId tail_id = chunks_.create();  // may move records: index after it
+  Chunk& chunk = chunks_[id];
+  Chunk& tail = chunks_[tail_id];
+  tail.address = chunk.address + bytes;
+  tail.size = chunk.size - bytes;
+  tail.stream = chunk.stream;
+  tail.prev = id;
+  tail.next = chunk.next;
+  if (chunk.next != kNoChunk) chunks_[chunk.next].prev = tail_id;
+  chunk.next = tail_id;
+  chunk.size = bytes;
+  starts_.insert(tail.address, tail_id);
+  bins_.insert(chunks_, tail_id);
+}
+
+void BestFitArena::merge(ChunkId lower, ChunkId upper) {
+  Chunk& low = chunks_[lower];
+  const Chunk& up = chunks_[upper];
+  low.size += up.size;
+  low.next = up.next;
+  if (up.next != kNoChunk) chunks_[up.next].prev = lower;
+  if (low.stream == kNoStream) low.stream = up.stream;
+  starts_.erase(up.address);
+  chunks_.destroy(upper);
+}
+
+void BestFitArena::coalesce_and_insert(ChunkId id) {
+  const ChunkId next = chunks_[id].next;
+  if (next != kNoChunk && !chunks_[next].in_use) {
+    if (streams_compatible(chunks_[id].stream, chunks_[next].stream)) {
+      bins_.remove(chunks_, next);
+      merge(id, next);
+    } else {
+      ++unmerged_pairs_;
+    }
+  }
+  const ChunkId prev = chunks_[id].prev;
+  if (prev != kNoChunk && !chunks_[prev].in_use) {
+    if (streams_compatible(chunks_[id].stream, chunks_[prev].stream)) {
+      bins_.remove(chunks_, prev);
+      merge(prev, id);
+      id = prev;
+    } else {
+      ++unmerged_pairs_;
+    }
+  }
+  bins_.insert(chunks_, id);
+}
+
+Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
+  ChunkId id = bins_.find(chunks_, bytes);
+  if (id == kNoChunk && unmerged_pairs_ > 0) {
+    // Neighbours kept apart by stream tags may together be large enough.
+    Status settled = settle_streams();
+    if (!settled) return std::move(settled).error();
+    id = bins_.find(chunks_, bytes);
+  }
+  if (id == kNoChunk) return MemoryRange{};
+
+  Chunk* chunk = &chunks_[id];
+  if (chunk->stream != stream && chunk->stream != kNoStream) {
+    // Work queued on the freeing stream may still touch this memory.
+    Status synced = device_.synchronize(chunk->stream);
+    if (!synced) return std::move(synced).error();
+    chunk->stream = kNoStream;
+  }
+  bins_.remove(chunks_, id);
+  if (should_split(chunk->size, bytes)) {
+    split(id, bytes);
+    chunk = &chunks_[id];
+  }
+  chunk->in_use = true;
+  chunk->stream = stream;
+  return MemoryRange{chunk->pointer(), chunk->size};
+}
+
+Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  const ChunkId id = starts_.find(address);
+  if (id == AddressMap::kMissing || !chunks_[id].in_use) return bad_free(ptr);
+  Chunk& chunk = chunks_[id];
+  const std::size_t size = chunk.size;
+  chunk.in_use = false;
+  chunk.stream = stream;
+  coalesce_and_insert(id);
+  return size;
+}
+
+bool BestFitArena::owns(const void* ptr) const noexcept {
+  const ChunkId id = starts_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  return id != AddressMap::kMissing && chunks_[id].in_use;
+}
+
+const BestFitArena::Region* BestFitArena::region_containing(std::uintptr_t address) const noexcept {
+  auto after = std::upper_bound(regions_.begin(), regions_.end(), address,
+                                [](std::uintptr_t a, const Region& r) { return a < r.base; });
+  if (after == regions_.begin()) return nullptr;
+  const Region& region = *std::prev(after);
+  return address < region.base + region.bytes ? &region : nullptr;
+}
+
+Error BestFitArena::bad_free(void* ptr) const {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  const Region* region = region_containing(address);
+  if (region == nullptr) {
+    return Error(Errc::invalid_pointer,
+                 "free of " + hex(address) + ": not a pointer this pool handed out (it lies in none of its " +
+                     std::to_string(regions_.size()) + " regions)");
+  }
+  // Inside a region: find the chunk that covers it (error path only, so a walk is fine).
+  ChunkId id = region->first;
+  while (id != kNoChunk && chunks_[id].end() <= address) id = chunks_[id].next;
+  const Chunk& chunk = chunks_[id];
+  const std::string where = "chunk [" + hex(chunk.address) + ", " + hex(chunk.end()) + ")";
+  if (chunk.in_use) {
+    return Error(Errc::invalid_pointer, "free of " + hex(address) + ": not the start of a block; it lies " +
+                                            std::to_string(address - chunk.address) +
+                                            " bytes into the live block at " + hex(chunk.address));
+  }
+  if (!is_aligned(address, kChunkGranule)) {
+    return Error(Errc::invalid_pointer, "free of " + hex(address) +
+                                            ": not a pointer this pool handed out (unaligned, in free " +
+                                            where + ")");
+  }
+  return Error(Errc::double_free, "free of " + hex(address) + ": the memory is free already (in free " +
+                                      where + "); was it freed twice?");
+}
+
+Status BestFitArena::settle_streams() {
+  std::vector<Stream> pending;
+  for (const Region& region : regions_) {
+    for (ChunkId id = region.first; id != kNoChunk; id = chunks_[id].next) {
+      const Chunk& chunk = chunks_[id];
+      if (!chunk.in_use && chunk.stream != kNoStream &&
+          std::find(pending.begin(), pending.end(), chunk.stream) == pending.end()) {
+        pending.push_back(chunk.stream);
+      }
+    }
+  }
+  for (Stream stream : pending) {
+    Status synced = device_.synchronize(stream);
+    if (!synced) return synced;
+  }
+  for (const Region& region : regions_) {
+    for (ChunkId id = region.first; id != kNoChunk; id = chunks_[id].next) {
+      if (chunks_[id].in_use) continue;
+      chunks_[id].stream = kNoStream;
+      // Absorb every free chunk above this one.
+      while (chunks_[id].next != kNoChunk && !chunks_[chunks_[id].next].in_use) {
+        const ChunkId next = chunks_[id].next;
+        bins_.remove(chunks_, id);
+        bins_.remove(chunks_, next);
+        merge(id, next);
+        chunks_[id].stream = kNoStream;
+        bins_.insert(chunks_, id);
+      }
+    }
+  }
+  unmerged_pairs_ = 0;
+  return {};
+}
+
+std::size_t BestFitArena::free_region_bytes() const noexcept {
+  std::size_t bytes = 0;
+  for (const Region& region : regions_) {
+    const Chunk& first = chunks_[region.first];
+    if (!first.in_use && first.size == region.bytes) bytes += region.bytes;
+  }
+  return bytes;
+}
+
+std::vector<MemoryRange> BestFitArena::remove_free_regions() {
+  std::vector<MemoryRange> removed;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < regions_.size(); ++i) {
+    const Region region = regions_[i];
+    const Chunk& first = chunks_[region.first];
+    if (!first.in_use && first.size == region.bytes) {
+      bins_.remove(chunks_, region.first);
+      starts_.erase(region.base);
+      chunks_.destroy(region.first);
+      region_bytes_ -= region.bytes;
+      removed.push_back(region_ranges_[i]);
+    } else {
+      regions_[kept] = region;
+      region_ranges_[kept] = region_ranges_[i];
+      ++kept;
+    }
+  }
+  regions_.resize(kept);
+  region_ranges_.resize(kept);
+  return removed;
+}
+
+std::string BestFitArena::dump() const {
+  std::string out;
+  std::map<std::size_t, std::size_t> in_use_by_size;
+  std::map<std::size_t, std::size_t> free_by_size;
+  std::size_t in_use_bytes = 0;
+  out += std::to_string(regions_.size()) + " regions, " + format_bytes(region_bytes_) + "; " +
+         format_bytes(bins_.free_bytes()) + " free in " + std::to_string(bins_.free_chunks()) +
+         " chunks, largest free chunk " + format_bytes(largest_free_block()) + "\n";
+  for (const Region& region : regions_) {
+    std::size_t count = 0;
+    std::size_t listed = 0;
+    std::string lines;
+    for (ChunkId id = region.first; id != kNoChunk; id = chunks_[id].next) {
+      const Chunk& chunk = chunks_[id];
+      ++count;
+      if (chunk.in_use) {
+        ++in_use_by_size[chunk.size];
+        in_use_bytes += chunk.size;
+      } else {
+        ++free_by_size[chunk.size];
+      }
+      if (listed < kDumpChunksPerRegion) {
+        ++listed;
+        lines += std::string("    ") + (chunk.in_use ? "in use " : "free   ") + hex(chunk.address) + " " +
+                 format_bytes(chunk.size) + " stream " + stream_name(chunk.stream) + "\n";
+      }
+    }
+    out += "  region " + hex(region.base) + " " + format_bytes(region.bytes) + ": " + std::to_string(count) +
+           " chunks\n" + lines;
+    if (count > listed) out += "    ... " + std::to_string(count - listed) + " more chunks\n";
+  }
+  out += "  in use by size (" + format_bytes(in_use_bytes) + "):";
+  if (in_use_by_size.empty()) out += " none";
+  for (const auto& [size, count] : in_use_by_size) out += " " + std::to_string(count) + " x " + format_bytes(size) + ";";
+  out += "\n  free by size:";
+  if (free_by_size.empty()) out += " none";
+  for (const auto& [size, count] : free_by_size) out += " " + std::to_string(count) + " x " + format_bytes(size) + ";";
+  out += "\n  bins:";
+  bool any_bin = false;
+  for (std::size_t bin = 0; bin < SizeBins::kNumBins; ++bin) {
+    if (bins_.head(bin) == kNoChunk) continue;
+    any_bin = true;
+    std::size_t count = 0;
+    std::size_t bytes = 0;
+    for (ChunkId id = bins_.head(bin); id != kNoChunk; id = chunks_[id].free_next) {
+      ++count;
+      bytes += chunks_[id].size;
+    }
+    out += " [" + std::to_string(bin) + ": from " + format_bytes(SizeBins::lower_bound(bin)) + ", " +
+           std::to_string(count) + " free, " + format_bytes(bytes) + "]";
+  }
+  if (!any_bin) out += " all empty";
+  out += "\n";
+  return out;
+}
+
+}  // namespace tidepool::pool

@@ -1,0 +1,119 @@
+// The best-fit arena: XLA's BFC algorithm over regions someone else supplies.
+// It cuts regions into chunks, hands out the best-fitting free chunk (split
+// when the remainder is worth keeping), and coalesces free neighbours on free.
+// It never calls the device for memory: BestFitPool feeds it regions taken
+// with Device::allocate, ExpandablePool feeds it mapped granules.
+//
+// Not thread-safe: the owning pool serializes every call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pool/address_map.hpp"
+#include "pool/chunk_table.hpp"
+#include "pool/free_bins.hpp"
+#include "tidepool/device.hpp"
+#include "tidepool/error.hpp"
+
+namespace tidepool::pool {
+
+struct ArenaOptions {
+  /// BFC's max_internal_fragmentation_bytes: a free chunk larger than the
+  /// request is split when the remainder is at least the request, or at least
+  /// this many bytes; otherwise it is handed out whole.
+  std::size_t max_internal_fragmentation_bytes = std::size_t{128} << 20;
+};
+
+/// A range of memory: a region, or a block handed out.
+struct MemoryRange {
+  void* base = nullptr;
+  std::size_t bytes = 0;
+};
+
+class BestFitArena {
+ public:
+  /// `device` is used only for Device::synchronize, when memory freed on one
+  /// stream is handed to another. It must outlive the arena.
+  explicit BestFitArena(Device& device, ArenaOptions options = {});
+  BestFitArena(const BestFitArena&) = delete;
+  BestFitArena& operator=(const BestFitArena&) = delete;
+
+  /// base is kChunkGranule-aligned, bytes > 0 a multiple of kChunkGranule, and
+  /// [base, base + bytes) overlaps no region of this arena. The arena uses it
+  /// until remove_free_regions() hands it back. Errors: invalid_argument.
+  Status add_region(void* base, std::size_t bytes);
+
+  /// bytes > 0, a multiple of kChunkGranule. The best-fitting free chunk,
+  /// split if worth it; its `bytes` is the chunk's size (>= bytes), which is
+  /// what the pool counts as in use, as BFC does. A null `base` means no free
+  /// chunk is large enough. If the chunk was last freed on another stream
+  /// that stream is synchronized first; an error is that call's failure.
+  Expected<MemoryRange> allocate(std::size_t bytes, Stream stream);
+
+  /// ptr was returned by allocate() and not freed since; `stream` is the
+  /// stream whose queued work may still use it. Returns the chunk's size.
+  /// Errors (the arena unchanged): invalid_pointer for a pointer it never
+  /// handed out, double_free for one that lies in free memory.
+  Expected<std::size_t> free(void* ptr, Stream stream);
+
+  /// Whether ptr is a block handed out and not freed yet.
+  bool owns(const void* ptr) const noexcept;
+
+  /// The largest block allocate() could hand out now.
+  std::size_t largest_free_block() const noexcept { return bins_.largest(chunks_); }
+  std::size_t free_bytes() const noexcept { return bins_.free_bytes(); }
+  std::size_t region_bytes() const noexcept { return region_bytes_; }
+  const std::vector<MemoryRange>& regions() const noexcept { return region_ranges_; }
+
+  /// The total size of the regions with nothing in use.
+  std::size_t free_region_bytes() const noexcept;
+
+  /// Removes every region with nothing in use and returns them, so the owner
+  /// can give them back to the device.
+  std::vector<MemoryRange> remove_free_regions();
+
+  /// The memory map: regions, their chunks (the first few of each), chunks in
+  /// use and free by size, and the non-empty bins.
+  std::string dump() const;
+
+ private:
+  struct Region {
+    std::uintptr_t base = 0;
+    std::size_t bytes = 0;
+    ChunkId first = kNoChunk;  // the chunk at base: never merged away
+  };
+
+  bool should_split(std::size_t chunk_size, std::size_t bytes) const noexcept;
+  /// Splits `id` (free, in no bin) after `bytes`; the tail goes to a bin.
+  void split(ChunkId id, std::size_t bytes);
+  /// Merges `upper` into `lower` (neighbours, both free and in no bin).
+  void merge(ChunkId lower, ChunkId upper);
+  /// Whether two free neighbours may merge: their stream tags agree, or one
+  /// is kNoStream. Memory with work pending on two streams is kept apart.
+  static bool streams_compatible(Stream a, Stream b) noexcept {
+    return a == b || a == kNoStream || b == kNoStream;
+  }
+  /// Coalesces `id` (free, in no bin) with its free neighbours and inserts
+  /// the result in its bin.
+  void coalesce_and_insert(ChunkId id);
+  /// Synchronizes every stream that free memory is tagged with, then merges
+  /// the free neighbours that stream tags kept apart.
+  Status settle_streams();
+  const Region* region_containing(std::uintptr_t address) const noexcept;
+  Error bad_free(void* ptr) const;
+
+  Device& device_;
+  ArenaOptions options_;
+  ChunkTable chunks_;
+  FreeBins bins_;
+  AddressMap starts_;                     // chunk start address -> chunk id
+  std::vector<Region> regions_;           // sorted by base
+  std::vector<MemoryRange> region_ranges_;  // the same, for callers
+  std::size_t region_bytes_ = 0;
+  std::size_t unmerged_pairs_ = 0;  // free neighbours kept apart by stream tags
+};
+
+}  // namespace tidepool::pool
