@@ -1,0 +1,140 @@
+// Configuration from the environment, and the one place that builds the
+// stack from it: device -> decorators -> pool.
+//
+// JAX's variables keep JAX's meaning (jaxlib's xla_client.py
+// generate_pjrt_gpu_plugin_options and XLA's GpuAllocatorConfig):
+//   XLA_PYTHON_CLIENT_PREALLOCATE   default true; only "false", "False", "0" turn it off
+//   XLA_CLIENT_MEM_FRACTION         default 0.75 (XLA_PYTHON_CLIENT_MEM_FRACTION is its
+//                                   deprecated old name; setting both is an error)
+//   XLA_PYTHON_CLIENT_ALLOCATOR     default|bfc|platform|cuda_async|vmm|address (any case)
+// tidepool's own TIDEPOOL_* variables are strict, and win where both are set.
+// docs/configuration.md has the full table.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tidepool/allocator.hpp"
+#include "tidepool/device.hpp"
+#include "tidepool/error.hpp"
+
+namespace tidepool {
+
+/// What the pool of the stack is. The replay tool and the reports use the
+/// same names.
+enum class Mode {
+  preallocate,  // BestFitPool, one region of fraction x total at start (JAX's default)
+  growth,       // BestFitPool growing region by region up to fraction x total (PREALLOCATE=false)
+  platform,     // PassthroughPool: every request to the device (XLA's platform)
+  expandable,   // ExpandablePool: virtual memory, stitching, release (XLA's vmm)
+  cuda_async,   // AsyncPool over cudaMallocAsync (CUDA only)
+};
+
+/// "preallocate", "growth", "platform", "expandable", "cuda_async".
+std::string_view mode_name(Mode mode) noexcept;
+/// Every mode, in declaration order.
+std::span<const Mode> all_modes() noexcept;
+/// The mode of a name as mode_name() writes it; an error lists the names.
+Expected<Mode> parse_mode(std::string_view name);
+
+/// Where the device memory comes from.
+enum class DeviceKind { host, cuda };
+/// "host" or "cuda".
+std::string_view device_kind_name(DeviceKind kind) noexcept;
+/// The device used when TIDEPOOL_DEVICE is unset: cuda when a CUDA device is
+/// present in this build, else host.
+DeviceKind default_device_kind();
+
+/// A per-process share of the device for the ledger: bytes, or a fraction of
+/// the device's total. Exactly one of the two is non-zero.
+struct Quota {
+  std::size_t bytes = 0;
+  double fraction = 0.0;
+
+  /// The quota in bytes on a device of `device_total` bytes.
+  std::size_t resolve(std::size_t device_total) const noexcept;
+  /// "20.0 GiB" or "40%".
+  std::string to_string() const;
+};
+
+/// A value and where it came from.
+template <class T>
+struct Setting {
+  Setting() = default;
+  /// A default value, or one read from `variable_name` as `variable_text`.
+  Setting(T initial, std::string variable_name = "default", std::string variable_text = {})
+      : value(std::move(initial)), source(std::move(variable_name)), text(std::move(variable_text)) {}
+
+  T value{};
+  /// "default", or the name of the variable that set it.
+  std::string source = "default";
+  /// The variable's text as found in the environment; empty for a default.
+  std::string text;
+
+  bool is_default() const noexcept { return source == "default"; }
+};
+
+/// A getenv-like lookup: the value of a variable, or nullptr when unset.
+using GetEnv = std::function<const char*(const char* name)>;
+
+struct Config {
+  /// The pool. From TIDEPOOL_ALLOCATOR or XLA_PYTHON_CLIENT_ALLOCATOR; for
+  /// bfc/default, preallocate or growth as `preallocate` says. text keeps the
+  /// spelling the user wrote (e.g. "vmm").
+  Setting<Mode> mode{Mode::preallocate};
+  /// The most the pool takes, as a fraction of the device's total, in (0, 1].
+  Setting<double> mem_fraction{0.75};
+  /// Whether bfc/default preallocates. Also passed to cuda_async (XLA reserves
+  /// its pool up front when true); platform and expandable ignore it.
+  Setting<bool> preallocate{true};
+  Setting<DeviceKind> device{DeviceKind::host};
+  /// Capacity of the host device (TIDEPOOL_DEVICE=host).
+  Setting<std::size_t> host_capacity{std::size_t{16} << 30};
+  /// Cached free bytes an expandable or cuda_async pool keeps before handing
+  /// memory back; unset means the pool's own default.
+  Setting<std::optional<std::size_t>> release_threshold;
+  /// The per-process quota in the cross-process ledger; unset means none.
+  Setting<std::optional<Quota>> quota;
+  /// Whether the cross-process ledger guards the device.
+  Setting<bool> ledger{false};
+
+  /// Values that were accepted but are probably not what the user meant.
+  std::vector<std::string> warnings;
+  /// How the JAX variables that are set were translated, for `tidepool info`.
+  std::vector<std::string> notes;
+
+  /// Reads the process environment. Errors (invalid_argument) name the
+  /// variable, the value and what is allowed.
+  static Expected<Config> from_env();
+  /// Reads variables through `getenv`, e.g. a map in a test.
+  static Expected<Config> from_env(const GetEnv& getenv);
+
+  /// The pool's bytes_limit on a device of `device_total` bytes: mem_fraction
+  /// x total, truncated as XLA does. Bounds growth mode too, as in JAX.
+  std::size_t bytes_limit(std::size_t device_total) const noexcept;
+};
+
+/// The device of the configuration with its decorators: a HostDevice of
+/// host_capacity, or the CUDA device; then the ledger when enabled.
+Expected<std::shared_ptr<Device>> make_device(const Config& config);
+
+/// The pool of `mode` over `device`, with the settings of `config` (bytes
+/// limit, release threshold, preallocation). The one way to build a pool: the
+/// stack builder and the replay engine both use it. Errors: unsupported when
+/// the mode is not available in this build or on this device; out_of_memory
+/// when preallocation cannot get its region.
+Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& config,
+                                                    std::shared_ptr<Device> device);
+
+/// The pool of config.mode over `device`.
+Expected<std::unique_ptr<Allocator>> make_allocator(const Config& config,
+                                                    std::shared_ptr<Device> device);
+
+}  // namespace tidepool

@@ -1,0 +1,423 @@
+#include "tidepool/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "tidepool/units.hpp"
+
+namespace tidepool {
+namespace {
+
+using Vars = std::map<std::string, std::string>;
+
+Expected<Config> load(const Vars& vars) {
+  return Config::from_env([&vars](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+Config load_ok(const Vars& vars) {
+  auto config = load(vars);
+  EXPECT_TRUE(config) << config.error().message();
+  return config ? *config : Config{};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
+  for (const auto& line : lines)
+    if (contains(line, part)) return true;
+  return false;
+}
+
+// A bad value must be an invalid_argument error naming the variable, the
+// value and what is allowed.
+void expect_invalid(const Vars& vars, const std::string& variable, const std::string& value,
+                    const std::string& allowed) {
+  auto config = load(vars);
+  ASSERT_FALSE(config) << variable << "=" << value << " was accepted";
+  EXPECT_EQ(config.error().code(), Errc::invalid_argument);
+  const std::string& message = config.error().message();
+  EXPECT_TRUE(contains(message, variable)) << message;
+  EXPECT_TRUE(contains(message, "'" + value + "'")) << message;
+  EXPECT_TRUE(contains(message, allowed)) << message;
+}
+
+// --- modes --------------------------------------------------------------
+
+TEST(Mode, NamesRoundTrip) {
+  ASSERT_EQ(all_modes().size(), 5u);
+  for (Mode mode : all_modes()) {
+    auto parsed = parse_mode(mode_name(mode));
+    ASSERT_TRUE(parsed) << mode_name(mode);
+    EXPECT_EQ(*parsed, mode);
+  }
+  EXPECT_EQ(mode_name(Mode::preallocate), "preallocate");
+  EXPECT_EQ(mode_name(Mode::growth), "growth");
+  EXPECT_EQ(mode_name(Mode::platform), "platform");
+  EXPECT_EQ(mode_name(Mode::expandable), "expandable");
+  EXPECT_EQ(mode_name(Mode::cuda_async), "cuda_async");
+  auto bad = parse_mode("bfc");
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.error().message(), "'bfc'"));
+  EXPECT_TRUE(contains(bad.error().message(), "expandable"));
+}
+
+// --- defaults -----------------------------------------------------------
+
+TEST(ConfigDefaults, AreJaxDefaults) {
+  Config config = load_ok({});
+  EXPECT_EQ(config.mode.value, Mode::preallocate);
+  EXPECT_TRUE(config.mode.is_default());
+  EXPECT_DOUBLE_EQ(config.mem_fraction.value, 0.75);
+  EXPECT_TRUE(config.mem_fraction.is_default());
+  EXPECT_TRUE(config.preallocate.value);
+  EXPECT_TRUE(config.preallocate.is_default());
+  EXPECT_EQ(config.device.value, default_device_kind());
+  EXPECT_TRUE(config.device.is_default());
+  EXPECT_EQ(config.host_capacity.value, 16 * GiB);
+  EXPECT_FALSE(config.release_threshold.value.has_value());
+  EXPECT_FALSE(config.quota.value.has_value());
+  EXPECT_FALSE(config.ledger.value);
+  EXPECT_TRUE(config.warnings.empty());
+  EXPECT_TRUE(config.notes.empty());
+  EXPECT_EQ(config.bytes_limit(16 * GiB), 12 * GiB);
+}
+
+TEST(ConfigDefaults, DefaultDeviceIsHostWithoutCuda) {
+#ifndef TIDEPOOL_HAVE_CUDA
+  EXPECT_EQ(default_device_kind(), DeviceKind::host);
+#else
+  GTEST_SKIP() << "a CUDA build chooses by what the machine has";
+#endif
+}
+
+// --- JAX variables --------------------------------------------------------
+
+TEST(JaxPreallocate, OnlyThreeSpellingsTurnItOff) {
+  for (const char* off : {"false", "False", "0"}) {
+    Config config = load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", off}});
+    EXPECT_FALSE(config.preallocate.value) << off;
+    EXPECT_EQ(config.preallocate.source, "XLA_PYTHON_CLIENT_PREALLOCATE");
+    EXPECT_EQ(config.preallocate.text, off);
+    EXPECT_EQ(config.mode.value, Mode::growth) << off;
+    EXPECT_EQ(config.mode.source, "XLA_PYTHON_CLIENT_PREALLOCATE");
+    EXPECT_TRUE(config.warnings.empty()) << off;
+  }
+  for (const char* on : {"true", "True", "TRUE", "1", "yes"}) {
+    Config config = load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", on}});
+    EXPECT_TRUE(config.preallocate.value) << on;
+    EXPECT_EQ(config.mode.value, Mode::preallocate);
+    EXPECT_TRUE(config.warnings.empty()) << on;
+  }
+}
+
+TEST(JaxPreallocate, WarnsOnValuesJaxReadsAsTrueUnexpectedly) {
+  // "FALSE" and "no" look false but JAX reads them as true: keep JAX's
+  // meaning and warn.
+  for (const char* value : {"FALSE", "no", "off"}) {
+    Config config = load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", value}});
+    EXPECT_TRUE(config.preallocate.value) << value;
+    ASSERT_EQ(config.warnings.size(), 1u) << value;
+    EXPECT_TRUE(contains(config.warnings[0], std::string("'") + value + "'"));
+    EXPECT_TRUE(contains(config.warnings[0], "'false', 'False' or '0'"));
+  }
+  Config config = load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", "maybe"}});
+  EXPECT_TRUE(config.preallocate.value);
+  ASSERT_EQ(config.warnings.size(), 1u);
+  EXPECT_TRUE(contains(config.warnings[0], "XLA_PYTHON_CLIENT_PREALLOCATE='maybe'"));
+  EXPECT_TRUE(contains(config.warnings[0], "neither true nor false"));
+}
+
+TEST(JaxPreallocate, EmptyMeansUnsetAsInJax) {
+  Config config = load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", ""}});
+  EXPECT_TRUE(config.preallocate.value);
+  EXPECT_TRUE(config.preallocate.is_default());
+}
+
+TEST(JaxMemFraction, BothNamesAreRead) {
+  Config current = load_ok({{"XLA_CLIENT_MEM_FRACTION", ".5"}});
+  EXPECT_DOUBLE_EQ(current.mem_fraction.value, 0.5);
+  EXPECT_EQ(current.mem_fraction.source, "XLA_CLIENT_MEM_FRACTION");
+  EXPECT_TRUE(current.warnings.empty());
+  EXPECT_EQ(current.bytes_limit(16 * GiB), 8 * GiB);
+
+  Config old = load_ok({{"XLA_PYTHON_CLIENT_MEM_FRACTION", "0.25"}});
+  EXPECT_DOUBLE_EQ(old.mem_fraction.value, 0.25);
+  EXPECT_EQ(old.mem_fraction.source, "XLA_PYTHON_CLIENT_MEM_FRACTION");
+  EXPECT_TRUE(any_contains(old.warnings, "deprecated"));
+
+  Config whole = load_ok({{"XLA_CLIENT_MEM_FRACTION", "1"}});
+  EXPECT_EQ(whole.bytes_limit(80 * GiB), 80 * GiB);
+}
+
+TEST(JaxMemFraction, BothNamesSetIsAnError) {
+  auto config =
+      load({{"XLA_CLIENT_MEM_FRACTION", "0.5"}, {"XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6"}});
+  ASSERT_FALSE(config);
+  EXPECT_EQ(config.error().code(), Errc::invalid_argument);
+  EXPECT_TRUE(contains(config.error().message(), "XLA_CLIENT_MEM_FRACTION='0.5'"));
+  EXPECT_TRUE(contains(config.error().message(), "XLA_PYTHON_CLIENT_MEM_FRACTION='0.6'"));
+  EXPECT_TRUE(contains(config.error().message(), "deprecated"));
+  // ... even when tidepool's own name would win.
+  EXPECT_FALSE(load({{"XLA_CLIENT_MEM_FRACTION", "0.5"},
+                     {"XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6"},
+                     {"TIDEPOOL_MEM_FRACTION", "0.4"}}));
+  // An empty one is unset, as in JAX.
+  Config config2 = load_ok({{"XLA_CLIENT_MEM_FRACTION", "0.5"}, {"XLA_PYTHON_CLIENT_MEM_FRACTION", ""}});
+  EXPECT_DOUBLE_EQ(config2.mem_fraction.value, 0.5);
+}
+
+TEST(JaxAllocator, EveryJaxName) {
+  struct Case {
+    const char* value;
+    Mode mode;
+  };
+  for (Case c : {Case{"default", Mode::preallocate}, Case{"bfc", Mode::preallocate},
+                 Case{"BFC", Mode::preallocate}, Case{"platform", Mode::platform},
+                 Case{"Platform", Mode::platform}, Case{"cuda_async", Mode::cuda_async},
+                 Case{"vmm", Mode::expandable}, Case{"address", Mode::platform}}) {
+    Config config = load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", c.value}});
+    EXPECT_EQ(config.mode.value, c.mode) << c.value;
+    EXPECT_EQ(config.mode.source, "XLA_PYTHON_CLIENT_ALLOCATOR") << c.value;
+    EXPECT_EQ(config.mode.text, c.value);
+  }
+  Config growth =
+      load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"}, {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"}});
+  EXPECT_EQ(growth.mode.value, Mode::growth);
+  EXPECT_EQ(growth.mode.source, "XLA_PYTHON_CLIENT_ALLOCATOR, XLA_PYTHON_CLIENT_PREALLOCATE");
+}
+
+TEST(JaxAllocator, VmmAndAddressAreExplained) {
+  Config vmm = load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", "vmm"}});
+  EXPECT_TRUE(any_contains(vmm.notes, "vmm"));
+  EXPECT_TRUE(any_contains(vmm.notes, "expandable"));
+  Config address = load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", "address"}});
+  EXPECT_TRUE(any_contains(address.notes, "address"));
+  EXPECT_TRUE(any_contains(address.notes, "platform"));
+}
+
+TEST(JaxAllocator, FractionBoundsGrowthToo) {
+  // XLA's CreateBFCAllocator: the limit is total x fraction whether or not it
+  // preallocates.
+  Config config =
+      load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", "false"}, {"XLA_CLIENT_MEM_FRACTION", "0.5"}});
+  EXPECT_EQ(config.mode.value, Mode::growth);
+  EXPECT_EQ(config.bytes_limit(4 * GiB), 2 * GiB);
+}
+
+// --- tidepool's variables ---------------------------------------------------
+
+TEST(TidepoolVariables, Allocator) {
+  struct Case {
+    const char* value;
+    Mode mode;
+  };
+  for (Case c : {Case{"bfc", Mode::preallocate}, Case{"default", Mode::preallocate},
+                 Case{"growth", Mode::growth}, Case{"preallocate", Mode::preallocate},
+                 Case{"platform", Mode::platform}, Case{"address", Mode::platform},
+                 Case{"expandable", Mode::expandable}, Case{"vmm", Mode::expandable},
+                 Case{"cuda_async", Mode::cuda_async}, Case{"Expandable", Mode::expandable}}) {
+    Config config = load_ok({{"TIDEPOOL_ALLOCATOR", c.value}});
+    EXPECT_EQ(config.mode.value, c.mode) << c.value;
+    EXPECT_EQ(config.mode.source, "TIDEPOOL_ALLOCATOR") << c.value;
+  }
+  // growth and preallocate say what preallocate is.
+  Config growth = load_ok({{"TIDEPOOL_ALLOCATOR", "growth"}});
+  EXPECT_FALSE(growth.preallocate.value);
+  EXPECT_EQ(growth.preallocate.source, "TIDEPOOL_ALLOCATOR");
+  Config bfc = load_ok({{"TIDEPOOL_ALLOCATOR", "bfc"}, {"TIDEPOOL_PREALLOCATE", "no"}});
+  EXPECT_EQ(bfc.mode.value, Mode::growth);
+  EXPECT_EQ(bfc.mode.source, "TIDEPOOL_ALLOCATOR, TIDEPOOL_PREALLOCATE");
+}
+
+TEST(TidepoolVariables, MemFraction) {
+  Config config = load_ok({{"TIDEPOOL_MEM_FRACTION", "0.4"}});
+  EXPECT_DOUBLE_EQ(config.mem_fraction.value, 0.4);
+  EXPECT_EQ(config.mem_fraction.source, "TIDEPOOL_MEM_FRACTION");
+  EXPECT_EQ(config.mem_fraction.text, "0.4");
+  EXPECT_EQ(config.bytes_limit(10 * GiB), static_cast<std::size_t>(10.0L * GiB * 0.4L));
+}
+
+TEST(TidepoolVariables, Preallocate) {
+  for (const char* on : {"true", "1", "yes", "YES", "on"})
+    EXPECT_TRUE(load_ok({{"TIDEPOOL_PREALLOCATE", on}}).preallocate.value) << on;
+  for (const char* off : {"false", "0", "no", "False", "off"}) {
+    Config config = load_ok({{"TIDEPOOL_PREALLOCATE", off}});
+    EXPECT_FALSE(config.preallocate.value) << off;
+    EXPECT_EQ(config.preallocate.source, "TIDEPOOL_PREALLOCATE");
+    EXPECT_EQ(config.mode.value, Mode::growth);
+  }
+}
+
+TEST(TidepoolVariables, DeviceCapacityThreshold) {
+  Config host = load_ok({{"TIDEPOOL_DEVICE", "host"}, {"TIDEPOOL_HOST_CAPACITY", "80GiB"}});
+  EXPECT_EQ(host.device.value, DeviceKind::host);
+  EXPECT_EQ(host.device.source, "TIDEPOOL_DEVICE");
+  EXPECT_EQ(host.host_capacity.value, 80 * GiB);
+  EXPECT_EQ(host.host_capacity.source, "TIDEPOOL_HOST_CAPACITY");
+  EXPECT_EQ(host.host_capacity.text, "80GiB");
+
+  Config cuda = load_ok({{"TIDEPOOL_DEVICE", "cuda"}});
+  EXPECT_EQ(cuda.device.value, DeviceKind::cuda);
+  EXPECT_EQ(device_kind_name(cuda.device.value), "cuda");
+
+  Config threshold =
+      load_ok({{"TIDEPOOL_ALLOCATOR", "expandable"}, {"TIDEPOOL_RELEASE_THRESHOLD", "512MiB"}});
+  ASSERT_TRUE(threshold.release_threshold.value.has_value());
+  EXPECT_EQ(*threshold.release_threshold.value, 512 * MiB);
+  EXPECT_EQ(threshold.release_threshold.source, "TIDEPOOL_RELEASE_THRESHOLD");
+  EXPECT_TRUE(threshold.notes.empty());
+  EXPECT_EQ(*load_ok({{"TIDEPOOL_RELEASE_THRESHOLD", "0"}}).release_threshold.value, 0u);
+}
+
+TEST(TidepoolVariables, QuotaInEveryForm) {
+  Config bytes = load_ok({{"TIDEPOOL_QUOTA", "20GiB"}});
+  ASSERT_TRUE(bytes.quota.value.has_value());
+  EXPECT_EQ(bytes.quota.value->bytes, 20 * GiB);
+  EXPECT_EQ(bytes.quota.value->resolve(80 * GiB), 20 * GiB);
+  EXPECT_EQ(bytes.quota.source, "TIDEPOOL_QUOTA");
+
+  Config fraction = load_ok({{"TIDEPOOL_QUOTA", "0.4"}});
+  ASSERT_TRUE(fraction.quota.value.has_value());
+  EXPECT_DOUBLE_EQ(fraction.quota.value->fraction, 0.4);
+  EXPECT_EQ(fraction.quota.value->resolve(10 * GiB), static_cast<std::size_t>(10.0L * GiB * 0.4L));
+
+  Config percent = load_ok({{"TIDEPOOL_QUOTA", "40%"}});
+  ASSERT_TRUE(percent.quota.value.has_value());
+  EXPECT_DOUBLE_EQ(percent.quota.value->fraction, 0.4);
+  EXPECT_EQ(percent.quota.value->to_string(), "40%");
+
+  Config whole = load_ok({{"TIDEPOOL_QUOTA", "1"}});
+  EXPECT_DOUBLE_EQ(whole.quota.value->fraction, 1.0);
+  Config count = load_ok({{"TIDEPOOL_QUOTA", "1073741824"}});
+  EXPECT_EQ(count.quota.value->bytes, GiB);
+}
+
+TEST(TidepoolVariables, Ledger) {
+  EXPECT_TRUE(load_ok({{"TIDEPOOL_LEDGER", "on"}}).ledger.value);
+  EXPECT_FALSE(load_ok({{"TIDEPOOL_LEDGER", "off"}}).ledger.value);
+  EXPECT_EQ(load_ok({{"TIDEPOOL_LEDGER", "on"}}).ledger.source, "TIDEPOOL_LEDGER");
+}
+
+// --- precedence -------------------------------------------------------------
+
+TEST(Precedence, TidepoolNamesWin) {
+  Config config = load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", "platform"},
+                           {"TIDEPOOL_ALLOCATOR", "expandable"},
+                           {"XLA_CLIENT_MEM_FRACTION", "0.5"},
+                           {"TIDEPOOL_MEM_FRACTION", "0.9"},
+                           {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"},
+                           {"TIDEPOOL_PREALLOCATE", "true"}});
+  EXPECT_EQ(config.mode.value, Mode::expandable);
+  EXPECT_EQ(config.mode.source, "TIDEPOOL_ALLOCATOR");
+  EXPECT_DOUBLE_EQ(config.mem_fraction.value, 0.9);
+  EXPECT_EQ(config.mem_fraction.source, "TIDEPOOL_MEM_FRACTION");
+  EXPECT_TRUE(config.preallocate.value);
+  EXPECT_EQ(config.preallocate.source, "TIDEPOOL_PREALLOCATE");
+  EXPECT_TRUE(any_contains(config.notes, "TIDEPOOL_ALLOCATOR=expandable overrides "
+                                         "XLA_PYTHON_CLIENT_ALLOCATOR=platform"));
+  EXPECT_TRUE(any_contains(config.notes, "TIDEPOOL_MEM_FRACTION=0.9 overrides "
+                                         "XLA_CLIENT_MEM_FRACTION=0.5"));
+}
+
+TEST(Precedence, TidepoolPreallocateDecidesJaxBfc) {
+  Config config =
+      load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", "true"}, {"TIDEPOOL_PREALLOCATE", "false"}});
+  EXPECT_EQ(config.mode.value, Mode::growth);
+  EXPECT_EQ(config.mode.source, "TIDEPOOL_PREALLOCATE");
+}
+
+TEST(Precedence, TidepoolAllocatorOverridesJaxPreallocate) {
+  Config config =
+      load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", "true"}, {"TIDEPOOL_ALLOCATOR", "growth"}});
+  EXPECT_EQ(config.mode.value, Mode::growth);
+  EXPECT_FALSE(config.preallocate.value);
+  EXPECT_TRUE(any_contains(config.notes, "overrides XLA_PYTHON_CLIENT_PREALLOCATE"));
+}
+
+TEST(Precedence, StrictContradictionIsAnError) {
+  expect_invalid({{"TIDEPOOL_ALLOCATOR", "growth"}, {"TIDEPOOL_PREALLOCATE", "true"}},
+                 "TIDEPOOL_ALLOCATOR", "growth", "TIDEPOOL_PREALLOCATE");
+  expect_invalid({{"TIDEPOOL_ALLOCATOR", "preallocate"}, {"TIDEPOOL_PREALLOCATE", "0"}},
+                 "TIDEPOOL_ALLOCATOR", "preallocate", "TIDEPOOL_PREALLOCATE");
+  // Agreeing is fine.
+  EXPECT_EQ(load_ok({{"TIDEPOOL_ALLOCATOR", "growth"}, {"TIDEPOOL_PREALLOCATE", "no"}}).mode.value,
+            Mode::growth);
+}
+
+TEST(Notes, SettingsWithoutEffectAreSaid) {
+  Config platform = load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", "platform"},
+                             {"XLA_CLIENT_MEM_FRACTION", "0.5"},
+                             {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"},
+                             {"TIDEPOOL_RELEASE_THRESHOLD", "1GiB"}});
+  EXPECT_TRUE(any_contains(platform.notes, "XLA_CLIENT_MEM_FRACTION has no effect in mode platform"));
+  EXPECT_TRUE(
+      any_contains(platform.notes, "XLA_PYTHON_CLIENT_PREALLOCATE has no effect in mode platform"));
+  EXPECT_TRUE(any_contains(platform.notes, "TIDEPOOL_RELEASE_THRESHOLD has no effect"));
+  EXPECT_TRUE(platform.warnings.empty());
+}
+
+// --- bad values ---------------------------------------------------------------
+
+TEST(BadValues, Fractions) {
+  const std::string allowed = "greater than 0 and at most 1";
+  for (const char* variable :
+       {"TIDEPOOL_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"}) {
+    for (const char* value : {"1.5", "0", "abc", "-0.5", "nan", "inf", "0.5x"})
+      expect_invalid({{variable, value}}, variable, value, allowed);
+  }
+  expect_invalid({{"TIDEPOOL_MEM_FRACTION", ""}}, "TIDEPOOL_MEM_FRACTION", "", allowed);
+}
+
+TEST(BadValues, Allocators) {
+  expect_invalid({{"TIDEPOOL_ALLOCATOR", "foo"}}, "TIDEPOOL_ALLOCATOR", "foo",
+                 "bfc, cuda_async, vmm, address, growth, preallocate, expandable");
+  expect_invalid({{"TIDEPOOL_ALLOCATOR", ""}}, "TIDEPOOL_ALLOCATOR", "", "expandable");
+  // JAX's variable takes JAX's names only, and (as jaxlib) not an empty one.
+  expect_invalid({{"XLA_PYTHON_CLIENT_ALLOCATOR", "foo"}}, "XLA_PYTHON_CLIENT_ALLOCATOR", "foo",
+                 "default, platform, bfc, cuda_async, vmm, address");
+  expect_invalid({{"XLA_PYTHON_CLIENT_ALLOCATOR", "expandable"}}, "XLA_PYTHON_CLIENT_ALLOCATOR",
+                 "expandable", "vmm");
+  expect_invalid({{"XLA_PYTHON_CLIENT_ALLOCATOR", ""}}, "XLA_PYTHON_CLIENT_ALLOCATOR", "",
+                 "default");
+}
+
+TEST(BadValues, Booleans) {
+  for (const char* variable : {"TIDEPOOL_PREALLOCATE", "TIDEPOOL_LEDGER"})
+    for (const char* value : {"maybe", "", "2", "tru"})
+      expect_invalid({{variable, value}}, variable, value, "true, false, 1, 0, yes, no");
+}
+
+TEST(BadValues, Device) {
+  expect_invalid({{"TIDEPOOL_DEVICE", "gpu"}}, "TIDEPOOL_DEVICE", "gpu", "host or cuda");
+  expect_invalid({{"TIDEPOOL_DEVICE", ""}}, "TIDEPOOL_DEVICE", "", "host or cuda");
+}
+
+TEST(BadValues, Sizes) {
+  for (const char* value : {"-3", "abc", "12XB", "", "0"})
+    expect_invalid({{"TIDEPOOL_HOST_CAPACITY", value}}, "TIDEPOOL_HOST_CAPACITY", value, "GiB");
+  for (const char* value : {"-1", "lots", "5 parsecs"})
+    expect_invalid({{"TIDEPOOL_RELEASE_THRESHOLD", value}}, "TIDEPOOL_RELEASE_THRESHOLD", value,
+                   "GiB");
+}
+
+TEST(BadValues, Quota) {
+  for (const char* value : {"0", "0%", "150%", "-0.4", "1.5", "abc", "20XB", "", "0GiB", "x%"})
+    expect_invalid({{"TIDEPOOL_QUOTA", value}}, "TIDEPOOL_QUOTA", value,
+                   "a byte size (e.g. 20GiB), a fraction");
+}
+
+TEST(BadValues, FirstErrorStopsEvenWithGoodNeighbours) {
+  expect_invalid({{"TIDEPOOL_ALLOCATOR", "expandable"}, {"TIDEPOOL_HOST_CAPACITY", "-3"}},
+                 "TIDEPOOL_HOST_CAPACITY", "-3", "GiB");
+}
+
+}  // namespace
+}  // namespace tidepool
