@@ -1,0 +1,86 @@
+// What the pool tests share: a host device, a decorator that counts
+// synchronize calls, and the pools by kind.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "tidepool/best_fit_pool.hpp"
+#include "tidepool/host_device.hpp"
+#include "tidepool/passthrough_pool.hpp"
+#include "tidepool/units.hpp"
+
+namespace tidepool::test {
+
+/// A host device of `capacity` bytes (its memory is touched only where a test writes).
+inline std::shared_ptr<Device> host_device(std::size_t capacity = 16 * GiB) {
+  HostDeviceOptions options;
+  options.capacity = capacity;
+  auto device = HostDevice::create(options);
+  if (!device) throw Exception(device.error());
+  return std::move(device).value();
+}
+
+/// Counts Device::synchronize calls by stream.
+class SyncCountingDevice final : public DeviceAdaptor {
+ public:
+  using DeviceAdaptor::DeviceAdaptor;
+  Status synchronize(Stream stream) override {
+    {
+      std::lock_guard lock(mutex_);
+      ++calls_[stream];
+    }
+    return DeviceAdaptor::synchronize(stream);
+  }
+  int calls(Stream stream) const {
+    std::lock_guard lock(mutex_);
+    auto found = calls_.find(stream);
+    return found == calls_.end() ? 0 : found->second;
+  }
+  int total_calls() const {
+    std::lock_guard lock(mutex_);
+    int total = 0;
+    for (const auto& [stream, count] : calls_) total += count;
+    return total;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<Stream, int> calls_;
+};
+
+enum class PoolKind { preallocate, growth, platform };
+
+inline std::string pool_kind_name(PoolKind kind) {
+  switch (kind) {
+    case PoolKind::preallocate: return "preallocate";
+    case PoolKind::growth: return "growth";
+    case PoolKind::platform: return "platform";
+  }
+  return "unknown";
+}
+
+/// A pool of `kind` over `device`, limited to `bytes_limit` (0: the device's total).
+inline std::unique_ptr<Allocator> make_pool(PoolKind kind, std::shared_ptr<Device> device,
+                                            std::size_t bytes_limit) {
+  if (kind == PoolKind::platform) return std::make_unique<PassthroughPool>(std::move(device), bytes_limit);
+  BestFitOptions options;
+  options.bytes_limit = bytes_limit;
+  options.preallocate = kind == PoolKind::preallocate;
+  auto pool = BestFitPool::create(std::move(device), options);
+  if (!pool) throw Exception(pool.error());
+  return std::move(pool).value();
+}
+
+struct PoolKindName {
+  std::string operator()(const ::testing::TestParamInfo<PoolKind>& info) const {
+    return pool_kind_name(info.param);
+  }
+};
+
+}  // namespace tidepool::test
