@@ -1,0 +1,193 @@
+// The pool layer's internal pieces: size bins, the bin bitmap, the address
+// map and the best-fit arena over regions the test supplies.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include "pool/address_map.hpp"
+#include "pool/best_fit_arena.hpp"
+#include "pool/size_bins.hpp"
+#include "pool_test_support.hpp"
+
+namespace tidepool::test {
+namespace {
+
+using pool::AddressMap;
+using pool::BestFitArena;
+using pool::BinBitmap;
+using pool::MemoryRange;
+using pool::SizeBins;
+
+TEST(SizeBins, EachBinStartsWhereThePreviousEnds) {
+  for (std::size_t bin = 0; bin + 1 < SizeBins::kNumBins && SizeBins::lower_bound(bin + 1) < (std::size_t{1} << 62);
+       ++bin) {
+    const std::size_t low = SizeBins::lower_bound(bin);
+    const std::size_t next = SizeBins::lower_bound(bin + 1);
+    ASSERT_LT(low, next) << "bin " << bin;
+    EXPECT_EQ(SizeBins::bin_of(low), bin) << "bin " << bin;
+    EXPECT_EQ(SizeBins::bin_of(next - pool::kChunkGranule), bin) << "bin " << bin;
+    EXPECT_EQ(SizeBins::bin_of(next), bin + 1) << "bin " << bin;
+  }
+  EXPECT_TRUE(SizeBins::is_exact(SizeBins::bin_of(1 * MiB)));
+  EXPECT_FALSE(SizeBins::is_exact(SizeBins::bin_of(1 * MiB + 256)));
+  EXPECT_LT(SizeBins::bin_of(std::size_t{1} << 63), SizeBins::kNumBins);
+}
+
+TEST(BinBitmap, FindsTheNextAndLastSetBin) {
+  BinBitmap bitmap;
+  EXPECT_EQ(bitmap.first_at_or_after(0), BinBitmap::kNone);
+  EXPECT_EQ(bitmap.last(), BinBitmap::kNone);
+  for (std::size_t bin : {3u, 64u, 4095u, 4200u}) bitmap.set(bin);
+  EXPECT_EQ(bitmap.first_at_or_after(0), 3u);
+  EXPECT_EQ(bitmap.first_at_or_after(4), 64u);
+  EXPECT_EQ(bitmap.first_at_or_after(65), 4095u);
+  EXPECT_EQ(bitmap.first_at_or_after(4096), 4200u);
+  EXPECT_EQ(bitmap.first_at_or_after(4201), BinBitmap::kNone);
+  EXPECT_EQ(bitmap.last(), 4200u);
+  bitmap.clear(4200);
+  EXPECT_EQ(bitmap.last(), 4095u);
+  EXPECT_EQ(bitmap.first_at_or_after(4096), BinBitmap::kNone);
+}
+
+TEST(AddressMap, AgreesWithAnUnorderedMapUnderRandomInsertsAndErases) {
+  AddressMap map;
+  std::unordered_map<std::uintptr_t, AddressMap::Value> expected;
+  std::mt19937_64 random(5);
+  std::vector<std::uintptr_t> keys;
+  for (int op = 0; op < 200000; ++op) {
+    if (!keys.empty() && random() % 3 == 0) {
+      const std::size_t index = random() % keys.size();
+      map.erase(keys[index]);
+      expected.erase(keys[index]);
+      keys[index] = keys.back();
+      keys.pop_back();
+    } else {
+      const std::uintptr_t key = (1 + random() % 100000) * 256;
+      if (expected.count(key) != 0) continue;
+      const auto value = static_cast<AddressMap::Value>(op);
+      map.insert(key, value);
+      expected[key] = value;
+      keys.push_back(key);
+    }
+    if (op % 10000 == 0) {
+      for (const auto& [key, value] : expected) ASSERT_EQ(map.find(key), value);
+    }
+  }
+  EXPECT_EQ(map.size(), expected.size());
+  for (const auto& [key, value] : expected) ASSERT_EQ(map.find(key), value);
+  EXPECT_EQ(map.find(256 * 200001), AddressMap::kMissing);
+}
+
+class BestFitArenaTest : public ::testing::Test {
+ protected:
+  void* region(std::size_t bytes) {
+    void* memory = std::aligned_alloc(4096, bytes);  // never touched by the arena
+    buffers_.push_back(memory);
+    return memory;
+  }
+  ~BestFitArenaTest() override {
+    for (void* buffer : buffers_) std::free(buffer);
+  }
+  std::shared_ptr<SyncCountingDevice> device_ = std::make_shared<SyncCountingDevice>(host_device(64 * MiB));
+  std::vector<void*> buffers_;
+};
+
+TEST_F(BestFitArenaTest, RejectsBadRegions) {
+  BestFitArena arena(*device_);
+  auto* base = static_cast<char*>(region(64 * KiB));
+  EXPECT_EQ(arena.add_region(base + 16, 4096).error().code(), Errc::invalid_argument);
+  EXPECT_EQ(arena.add_region(base, 1000).error().code(), Errc::invalid_argument);
+  EXPECT_EQ(arena.add_region(nullptr, 4096).error().code(), Errc::invalid_argument);
+  ASSERT_TRUE(arena.add_region(base + 16 * KiB, 16 * KiB));
+  Status overlap = arena.add_region(base + 8 * KiB, 16 * KiB);
+  ASSERT_FALSE(overlap);
+  EXPECT_NE(overlap.error().message().find("overlaps"), std::string::npos);
+  EXPECT_TRUE(arena.add_region(base, 16 * KiB));  // adjacent is fine
+  EXPECT_EQ(arena.region_bytes(), 32 * KiB);
+}
+
+TEST_F(BestFitArenaTest, TakesTheSmallestFittingHole) {
+  BestFitArena arena(*device_);
+  ASSERT_TRUE(arena.add_region(region(1 * MiB), 1 * MiB));
+  std::vector<void*> blocks;
+  for (std::size_t size : {4 * KiB, 256 * std::size_t{1}, 2 * KiB, 256 * std::size_t{1}, 3 * KiB, 256 * std::size_t{1}}) blocks.push_back(arena.allocate(size, 0)->base);
+  ASSERT_TRUE(arena.free(blocks[0], 0));  // 4 KiB hole
+  ASSERT_TRUE(arena.free(blocks[2], 0));  // 2 KiB hole
+  ASSERT_TRUE(arena.free(blocks[4], 0));  // 3 KiB hole
+  EXPECT_EQ(arena.allocate(2560, 0)->base, blocks[4]);  // 3 KiB is the best fit for 2.5 KiB
+  EXPECT_EQ(arena.allocate(2 * KiB, 0)->base, blocks[2]);
+  EXPECT_EQ(arena.allocate(1 * KiB, 0)->base, blocks[0]);  // split from the 4 KiB hole
+}
+
+TEST_F(BestFitArenaTest, BestFitAmongLargeChunksInOneBin) {
+  BestFitArena arena(*device_);
+  // Three regions whose sizes share a range bin: 9 MiB, 8.5 MiB, 8.75 MiB.
+  void* nine = region(9 * MiB);
+  void* eight_half = region(8 * MiB + 512 * KiB);
+  void* eight_three_quarters = region(8 * MiB + 768 * KiB);
+  ASSERT_TRUE(arena.add_region(nine, 9 * MiB));
+  ASSERT_TRUE(arena.add_region(eight_half, 8 * MiB + 512 * KiB));
+  ASSERT_TRUE(arena.add_region(eight_three_quarters, 8 * MiB + 768 * KiB));
+  EXPECT_EQ(arena.allocate(8 * MiB + 600 * KiB, 0)->base, eight_three_quarters);
+  EXPECT_EQ(arena.allocate(8 * MiB, 0)->base, eight_half);
+  EXPECT_EQ(arena.largest_free_block(), 9 * MiB);
+}
+
+TEST_F(BestFitArenaTest, FreeReportsTheChunkSizeAndOwnsTracksLiveBlocks) {
+  BestFitArena arena(*device_);
+  ASSERT_TRUE(arena.add_region(region(64 * KiB), 64 * KiB));
+  Expected<MemoryRange> block = arena.allocate(1 * KiB, 0);
+  ASSERT_TRUE(block);
+  EXPECT_TRUE(arena.owns(block->base));
+  EXPECT_EQ(block->bytes, 1 * KiB);
+  Expected<std::size_t> freed = arena.free(block->base, 0);
+  ASSERT_TRUE(freed);
+  EXPECT_EQ(*freed, 1 * KiB);
+  EXPECT_FALSE(arena.owns(block->base));
+  EXPECT_EQ(arena.free(block->base, 0).error().code(), Errc::double_free);
+  EXPECT_EQ(arena.free_bytes(), 64 * KiB);
+  // Nothing big enough: a null block, not an error.
+  Expected<MemoryRange> too_big = arena.allocate(128 * KiB, 0);
+  ASSERT_TRUE(too_big);
+  EXPECT_EQ(too_big->base, nullptr);
+}
+
+TEST_F(BestFitArenaTest, RemovesOnlyFullyFreeRegions) {
+  BestFitArena arena(*device_);
+  void* busy = region(64 * KiB);
+  void* idle = region(128 * KiB);
+  ASSERT_TRUE(arena.add_region(busy, 64 * KiB));
+  ASSERT_TRUE(arena.add_region(idle, 128 * KiB));
+  void* live = arena.allocate(64 * KiB, 0)->base;  // best fit: the whole 64 KiB region
+  EXPECT_EQ(live, busy);
+  EXPECT_EQ(arena.free_region_bytes(), 128 * KiB);
+  std::vector<MemoryRange> removed = arena.remove_free_regions();
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_EQ(removed[0].base, idle);
+  EXPECT_EQ(removed[0].bytes, 128 * KiB);
+  EXPECT_EQ(arena.region_bytes(), 64 * KiB);
+  EXPECT_EQ(arena.free(idle, 0).error().code(), Errc::invalid_pointer);  // no longer its memory
+  ASSERT_TRUE(arena.free(live, 0));
+  EXPECT_EQ(arena.remove_free_regions().size(), 1u);
+  EXPECT_EQ(arena.region_bytes(), 0u);
+  EXPECT_EQ(arena.largest_free_block(), 0u);
+}
+
+TEST_F(BestFitArenaTest, SameStreamReuseNeedsNoSynchronize) {
+  BestFitArena arena(*device_);
+  ASSERT_TRUE(arena.add_region(region(1 * MiB), 1 * MiB));
+  for (int i = 0; i < 100; ++i) {
+    void* ptr = arena.allocate(4 * KiB, 7)->base;
+    ASSERT_TRUE(arena.free(ptr, 7));
+  }
+  EXPECT_EQ(device_->total_calls(), 0);
+  void* other = arena.allocate(4 * KiB, 8)->base;
+  EXPECT_NE(other, nullptr);
+  EXPECT_EQ(device_->calls(7), 1);
+}
+
+}  // namespace
+}  // namespace tidepool::test
