@@ -105,7 +105,8 @@ class [[nodiscard]] Expected {
 template <>
 class [[nodiscard]] Expected<void> {
  public:
-  Expected() = default;
+  // User-provided, so `return {};` does not zero the whole (large) object first.
+  Expected() noexcept {}
   Expected(Error error) : error_(std::move(error)) {}  // NOLINT: implicit by design
 
   bool has_value() const noexcept { return !error_.has_value(); }
