@@ -1,0 +1,37 @@
+// Built-in workloads: synthetic traces shaped like real GPU programs, sized
+// for an 80 GiB device, for the command's default comparison and for tests.
+// Each is seeded and deterministic: the same name, seed and steps give the
+// same trace on every platform and compiler.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "tidepool/error.hpp"
+#include "tidepool/trace.hpp"
+
+namespace tidepool::trace {
+
+struct WorkloadInfo {
+  std::string_view name;
+  std::string_view description;
+};
+
+/// The built-in workloads: "train-step", "llm-inference", "small-tensors".
+const std::vector<WorkloadInfo>& workloads();
+
+struct WorkloadOptions {
+  std::uint64_t seed = 1;
+  /// Training steps, decode batches of requests or thousands of tensors,
+  /// by workload; 0 picks the workload's default.
+  std::uint32_t steps = 0;
+};
+
+/// The trace of a built-in workload (format "builtin", device_capacity
+/// 80 GiB, no times). Blocks that stay live at the end are the program's
+/// long-lived state (weights, optimizer state); everything else is freed.
+/// invalid_argument naming the known workloads for an unknown name.
+Expected<Trace> make_workload(std::string_view name, const WorkloadOptions& options = {});
+
+}  // namespace tidepool::trace

@@ -1,0 +1,229 @@
+// PyTorch memory snapshot -> Trace. The snapshot's layout (torch/cuda/memory.py,
+// `_snapshot`): a dict with `segments` (allocator state at dump time) and
+// `device_traces`, one list of trace entries per device, each a dict with
+// `action`, `addr`, `size`, `stream`, `frames` and, in newer versions, `time_us`.
+#include <string>
+#include <unordered_map>
+
+#include "tidepool/trace_io.hpp"
+#include "trace/pickle_reader.hpp"
+
+namespace tidepool::trace {
+namespace {
+
+using pickle::Document;
+using pickle::Kind;
+using pickle::Node;
+
+class SnapshotReader {
+ public:
+  SnapshotReader(const Document& doc, std::string name) : doc_(doc), name_(std::move(name)) {}
+
+  Expected<Trace> read(const SnapshotOptions& options) {
+    const Node& root = doc_.node(doc_.root());
+    if (root.kind != Kind::dict) {
+      return fail(std::string{"the pickle holds a "} + pickle::kind_name(root.kind) +
+                  ", not a snapshot dict");
+    }
+    const Node* traces = doc_.find(root, "device_traces");
+    if (traces == nullptr) {
+      return fail("no 'device_traces': the snapshot was dumped without "
+                  "torch.cuda.memory._record_memory_history() enabled");
+    }
+    if (traces->kind != Kind::list) return fail(type_error("device_traces", *traces, "list"));
+    Expected<int> device = choose_device(*traces, options.device);
+    if (!device) return std::move(device).error();
+
+    Trace trace;
+    trace.name = name_;
+    trace.format = format_name(Format::pytorch_snapshot);
+    trace.device = *device;
+    if (*device < 0) return trace;  // no device has any entry
+
+    const Node& entries = doc_.node(traces->items[static_cast<std::size_t>(*device)]);
+    path_ = "device_traces[" + std::to_string(*device) + "]";
+    if (entries.kind != Kind::list) return fail(type_error(path_, entries, "list"));
+    trace.events.reserve(entries.items.size());
+    for (std::size_t i = 0; i < entries.items.size(); ++i) {
+      if (Status s = read_entry(doc_.node(entries.items[i]), i, trace); !s) return std::move(s).error();
+    }
+    if (Status s = add_reserved_before(root, *device, trace); !s) return std::move(s).error();
+    return trace;
+  }
+
+ private:
+  Error fail(const std::string& what) const {
+    return Error(Errc::corrupt_data, name_ + ": " + what);
+  }
+  static std::string type_error(const std::string& where, const Node& node, const char* expected) {
+    return where + " is a " + pickle::kind_name(node.kind) + ", expected a " + expected;
+  }
+
+  Expected<int> choose_device(const Node& traces, int requested) const {
+    const std::size_t devices = traces.items.size();
+    if (requested >= 0) {
+      if (static_cast<std::size_t>(requested) >= devices) {
+        return Error(Errc::invalid_argument, name_ + ": device " + std::to_string(requested) +
+                                                 " requested, but the snapshot has traces for " +
+                                                 std::to_string(devices) + " devices");
+      }
+      return requested;
+    }
+    int chosen = -1;
+    std::string candidates;
+    for (std::size_t d = 0; d < devices; ++d) {
+      const Node& list = doc_.node(traces.items[d]);
+      if (list.kind != Kind::list) {
+        return fail(type_error("device_traces[" + std::to_string(d) + "]", list, "list"));
+      }
+      if (list.items.empty()) continue;
+      if (!candidates.empty()) candidates += ", ";
+      candidates += "device " + std::to_string(d) + " (" + std::to_string(list.items.size()) + " entries)";
+      if (chosen >= 0) {
+        chosen = -2;
+      } else if (chosen == -1) {
+        chosen = static_cast<int>(d);
+      }
+    }
+    if (chosen == -2) {
+      return Error(Errc::invalid_argument,
+                   name_ + ": the snapshot has events on several devices: " + candidates +
+                       "; choose one (SnapshotOptions::device)");
+    }
+    return chosen;
+  }
+
+  // An int field of an entry; `fallback` when absent and optional.
+  Expected<std::int64_t> field(const Node& entry, std::string_view key, const std::string& where,
+                               bool required, std::int64_t fallback = 0) const {
+    const Node* value = doc_.find(entry, key);
+    if (value == nullptr) {
+      if (!required) return fallback;
+      return fail(where + " has no '" + std::string{key} + "'");
+    }
+    if (value->kind != Kind::integer) {
+      return fail(type_error(where + "['" + std::string{key} + "']", *value, "64-bit int"));
+    }
+    return value->integer;
+  }
+
+  Status read_entry(const Node& entry, std::size_t index, Trace& trace) {
+    const std::string where = path_ + "[" + std::to_string(index) + "]";
+    if (entry.kind != Kind::dict) return fail(type_error(where, entry, "dict"));
+    const Node* action_node = doc_.find(entry, "action");
+    if (action_node == nullptr) return fail(where + " has no 'action'");
+    if (action_node->kind != Kind::string) return fail(type_error(where + "['action']", *action_node, "str"));
+    const std::string_view action = action_node->text;
+
+    if (action == "free_requested" || action == "snapshot") return {};  // no lifetime change
+    if (action == "oom") {
+      ++trace.failed_allocs;
+      return {};
+    }
+    const bool is_alloc = action == "alloc";
+    const bool is_free = action == "free_completed";
+    const bool is_segment_alloc = action == "segment_alloc" || action == "segment_map";
+    const bool is_segment_free = action == "segment_free" || action == "segment_unmap";
+    if (!is_alloc && !is_free && !is_segment_alloc && !is_segment_free) {
+      return fail(where + " has the unknown action '" + std::string{action} + "'");
+    }
+
+    Expected<std::int64_t> addr = field(entry, "addr", where, true);
+    if (!addr) return std::move(addr).error();
+    Expected<std::int64_t> size = field(entry, "size", where, true);
+    if (!size) return std::move(size).error();
+    if (*size < 0) return fail(where + "['size'] is negative: " + std::to_string(*size));
+    Expected<std::int64_t> stream = field(entry, "stream", where, false, 0);
+    if (!stream) return std::move(stream).error();
+    Expected<std::int64_t> time_us = field(entry, "time_us", where, false, -1);
+    if (!time_us) return std::move(time_us).error();
+
+    Event event;
+    event.bytes = static_cast<std::uint64_t>(*size);
+    event.stream = static_cast<Stream>(*stream);
+    event.time_us = *time_us;
+    const auto address = static_cast<std::uint64_t>(*addr);
+
+    if (is_alloc) {
+      auto [it, inserted] = live_.try_emplace(address, Live{trace.num_blocks, event.bytes, index});
+      if (!inserted) {
+        return fail(where + ": alloc at address " + std::to_string(address) + " that is live since " +
+                    path_ + "[" + std::to_string(it->second.entry) + "]");
+      }
+      event.op = Op::alloc;
+      event.block = trace.num_blocks++;
+    } else if (is_free) {
+      auto it = live_.find(address);
+      if (it == live_.end()) {  // its alloc fell out of the ring buffer
+        ++trace.unmatched_frees;
+        return {};
+      }
+      event.op = Op::free;
+      event.block = it->second.block;
+      event.bytes = it->second.bytes;
+      live_.erase(it);
+    } else {
+      event.op = is_segment_alloc ? Op::segment_alloc : Op::segment_free;
+      net_segment_bytes_ += is_segment_alloc ? *size : -*size;
+      trace.has_segments = true;
+    }
+    trace.events.push_back(event);
+    return {};
+  }
+
+  // Segments existed before the window when the bytes reserved at dump time
+  // exceed what the window's segment events added; those bytes become one
+  // segment_alloc at the start.
+  Status add_reserved_before(const Node& root, int device, Trace& trace) const {
+    const Node* segments = doc_.find(root, "segments");
+    if (segments == nullptr) return {};
+    if (segments->kind != Kind::list) return fail(type_error("segments", *segments, "list"));
+    std::int64_t reserved_at_dump = 0;
+    for (std::size_t i = 0; i < segments->items.size(); ++i) {
+      const Node& segment = doc_.node(segments->items[i]);
+      const std::string where = "segments[" + std::to_string(i) + "]";
+      if (segment.kind != Kind::dict) return fail(type_error(where, segment, "dict"));
+      Expected<std::int64_t> on_device = field(segment, "device", where, false, device);
+      if (!on_device) return std::move(on_device).error();
+      if (*on_device != device) continue;
+      Expected<std::int64_t> total = field(segment, "total_size", where, true);
+      if (!total) return std::move(total).error();
+      if (*total < 0) return fail(where + "['total_size'] is negative");
+      reserved_at_dump += *total;
+    }
+    const std::int64_t before = reserved_at_dump - net_segment_bytes_;
+    // A negative figure means the segments do not describe this window (an
+    // inconsistent snapshot): the window's own segment events are all we know.
+    if (before <= 0) return {};
+    Event event;
+    event.op = Op::segment_alloc;
+    event.bytes = static_cast<std::uint64_t>(before);
+    event.time_us = trace.events.empty() ? -1 : trace.events.front().time_us;
+    trace.events.insert(trace.events.begin(), event);
+    trace.has_segments = true;
+    return {};
+  }
+
+  struct Live {
+    std::uint32_t block;
+    std::uint64_t bytes;
+    std::size_t entry;
+  };
+
+  const Document& doc_;
+  std::string name_;
+  std::string path_;
+  std::unordered_map<std::uint64_t, Live> live_;
+  std::int64_t net_segment_bytes_ = 0;
+};
+
+}  // namespace
+
+Expected<Trace> read_pytorch_snapshot(std::string_view data, std::string name,
+                                      const SnapshotOptions& options) {
+  Expected<pickle::Document> doc = pickle::parse(data);
+  if (!doc) return Error(doc.error().code(), name + ": " + doc.error().message());
+  return SnapshotReader(*doc, std::move(name)).read(options);
+}
+
+}  // namespace tidepool::trace

@@ -1,0 +1,103 @@
+#include "tidepool/workloads.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tidepool/trace_io.hpp"
+#include "tidepool/units.hpp"
+
+namespace tidepool::trace {
+namespace {
+
+using ::testing::HasSubstr;
+
+Trace make(std::string_view name, std::uint64_t seed = 1, std::uint32_t steps = 0) {
+  WorkloadOptions options;
+  options.seed = seed;
+  options.steps = steps;
+  auto trace = make_workload(name, options);
+  if (!trace) throw Exception(trace.error());
+  return std::move(trace).value();
+}
+
+bool same_events(const Trace& a, const Trace& b) {
+  if (a.events.size() != b.events.size()) return false;
+  for (std::size_t i = 0; i < a.events.size(); ++i) {
+    const Event& x = a.events[i];
+    const Event& y = b.events[i];
+    if (x.op != y.op || x.block != y.block || x.bytes != y.bytes || x.stream != y.stream) return false;
+  }
+  return true;
+}
+
+TEST(Workloads, ListsTheThreeBuiltIns) {
+  std::vector<std::string_view> names;
+  for (const WorkloadInfo& info : workloads()) {
+    names.push_back(info.name);
+    EXPECT_FALSE(info.description.empty());
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("train-step", "llm-inference", "small-tensors"));
+  auto unknown = make_workload("bogus");
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().code(), Errc::invalid_argument);
+  EXPECT_THAT(unknown.error().message(), HasSubstr("unknown workload 'bogus' (known: train-step, llm-inference, small-tensors)"));
+}
+
+TEST(Workloads, AreDeterministicAndSeeded) {
+  for (const WorkloadInfo& info : workloads()) {
+    SCOPED_TRACE(info.name);
+    const Trace first = make(info.name, 7);
+    EXPECT_TRUE(same_events(first, make(info.name, 7)));
+    EXPECT_FALSE(same_events(first, make(info.name, 8)));
+    EXPECT_EQ(first.name, info.name);
+    EXPECT_EQ(first.format, "builtin");
+    EXPECT_EQ(first.device_capacity, 80 * GiB);
+  }
+}
+
+TEST(Workloads, AreBalancedAndSizedForAnEightyGigabyteDevice) {
+  for (const WorkloadInfo& info : workloads()) {
+    SCOPED_TRACE(info.name);
+    const Trace trace = make(info.name);
+    auto summary = summarize(trace);  // every free ends a live block of its bytes
+    ASSERT_TRUE(summary) << summary.error().message();
+    EXPECT_FALSE(trace.has_segments);
+    EXPECT_GT(summary->peak_live_bytes, 2 * GiB);
+    EXPECT_LT(summary->peak_live_bytes, 60 * GiB);
+    EXPECT_GT(summary->allocs, 1'000u);
+    EXPECT_LT(summary->live_bytes_at_end, summary->peak_live_bytes);
+  }
+}
+
+// What stays live is the model's state only: it neither grows with more
+// steps nor depends on the seed, so nothing transient leaks.
+TEST(Workloads, OnlyLongLivedStateStaysLive) {
+  const auto live_at_end = [](std::string_view name, std::uint64_t seed, std::uint32_t steps) {
+    auto summary = summarize(make(name, seed, steps));
+    if (!summary) throw Exception(summary.error());
+    return std::pair{summary->live_blocks_at_end, summary->live_bytes_at_end};
+  };
+  // train-step: the fp32 weights and two Adam moments of ~0.9 B parameters.
+  const auto train = live_at_end("train-step", 1, 2);
+  EXPECT_EQ(train, live_at_end("train-step", 1, 4));
+  EXPECT_EQ(train, live_at_end("train-step", 9, 2));
+  EXPECT_EQ(train.first % 3, 0u);
+  EXPECT_GT(train.second, 10 * GiB);
+  EXPECT_LT(train.second, 12 * GiB);
+  // llm-inference: the bf16 weights of the 7B-class model.
+  const auto inference = live_at_end("llm-inference", 1, 8);
+  EXPECT_EQ(inference, live_at_end("llm-inference", 3, 16));
+  EXPECT_GT(inference.second, 12 * GiB);
+  EXPECT_LT(inference.second, 14 * GiB);
+  // small-tensors: everything freed.
+  EXPECT_EQ(live_at_end("small-tensors", 5, 20), std::pair(std::size_t{0}, std::uint64_t{0}));
+}
+
+TEST(Workloads, StepsScaleTheWork) {
+  EXPECT_LT(make("train-step", 1, 1).events.size(), make("train-step", 1, 3).events.size());
+  EXPECT_LT(make("llm-inference", 1, 4).events.size(), make("llm-inference", 1, 8).events.size());
+  EXPECT_EQ(make("small-tensors", 1, 3).num_blocks, 3000u);
+}
+
+}  // namespace
+}  // namespace tidepool::trace
