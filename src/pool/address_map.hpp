@@ -1,9 +1,9 @@
-// A flat hash map from a chunk's start address to its id: the arena's O(1)
-// pointer lookup. Internal to the pool layer.
+// A flat hash map from a block's start address to its chunk id: the arena's
+// O(1) pointer lookup. Internal to the pool layer.
 //
 // XLA's BFC keeps an int per 256 bytes of every region (1/64 of the pool in
-// host memory: 1.25 GiB for an 80 GiB card). This map holds one slot per
-// chunk instead, with linear probing and backward-shift deletion (no
+// host memory: 1.25 GiB for an 80 GiB card). This map holds a slot per live
+// block instead (free chunks are reached through their neighbours), with linear probing and backward-shift deletion (no
 // tombstones), so lookups stay short however long the pool lives.
 #pragma once
 
@@ -36,20 +36,15 @@ class AddressMap {
     }
   }
 
-  /// Replaces the value of an address that is in the map.
-  void assign(std::uintptr_t address, Value value) noexcept {
-    for (std::size_t i = home(address);; i = next(i)) {
-      if (slots_[i].address == address) {
-        slots_[i].value = value;
-        return;
-      }
-    }
-  }
-
-  /// address is in the map.
-  void erase(std::uintptr_t address) noexcept {
+  /// Removes `address` and returns its value, or returns kMissing if it is
+  /// not in the map.
+  Value take(std::uintptr_t address) noexcept {
     std::size_t hole = home(address);
-    while (slots_[hole].address != address) hole = next(hole);
+    while (slots_[hole].address != address) {
+      if (slots_[hole].address == 0) return kMissing;
+      hole = next(hole);
+    }
+    const Value value = slots_[hole].value;
     // Backward shift: move later entries of the probe run into the hole when
     // their home position does not lie cyclically in (hole, i].
     for (std::size_t i = next(hole);; i = next(i)) {
@@ -64,6 +59,7 @@ class AddressMap {
     }
     slots_[hole] = Slot{};
     --size_;
+    return value;
   }
 
   std::size_t size() const noexcept { return size_; }

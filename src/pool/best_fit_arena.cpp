@@ -46,11 +46,11 @@ Status BestFitArena::add_region(void* base, std::size_t bytes) {
                                              hex(address + bytes) + ") overlaps a region it already has");
   }
   const ChunkId id = chunks_.create();
+  chunks_[id] = Chunk{};
   Chunk& chunk = chunks_[id];
   chunk.address = address;
   chunk.size = bytes;
   chunk.stream = kNoStream;
-  starts_.insert(address, id);
   bins_.insert(chunks_, id);
   const auto index = after - regions_.begin();
   regions_.insert(after, Region{address, bytes, id});
@@ -64,20 +64,32 @@ bool BestFitArena::should_split(std::size_t chunk_size, std::size_t bytes) const
   return remainder >= bytes || remainder >= options_.max_internal_fragmentation_bytes;
 }
 
-void BestFitArena::split(ChunkId id, std::size_t bytes) {
-  const ChunkId tail_id = chunks_.create();  // may move records: index after it
-  Chunk& chunk = chunks_[id];
-  Chunk& tail = chunks_[tail_id];
-  tail.address = chunk.address + bytes;
-  tail.size = chunk.size - bytes;
-  tail.stream = chunk.stream;
-  tail.prev = id;
-  tail.next = chunk.next;
-  if (chunk.next != kNoChunk) chunks_[chunk.next].prev = tail_id;
-  chunk.next = tail_id;
-  chunk.size = bytes;
-  starts_.insert(tail.address, tail_id);
-  bins_.insert(chunks_, tail_id);
+ChunkId BestFitArena::split_front(ChunkId id, std::size_t bytes) {
+  const ChunkId front_id = chunks_.create();  // may move records: index after it
+  Chunk& rest = chunks_[id];
+  Chunk& front = chunks_[front_id];
+  front.address = rest.address;
+  front.size = bytes;
+  front.stream = rest.stream;
+  front.in_use = false;
+  front.prev = rest.prev;
+  front.next = id;
+  relink_below(rest.prev, front.address, front_id);
+  rest.prev = front_id;
+  rest.address += bytes;
+  bins_.resize(chunks_, id, rest.size - bytes);
+  return front_id;
+}
+
+void BestFitArena::relink_below(ChunkId below, std::uintptr_t address, ChunkId id) noexcept {
+  if (below != kNoChunk) {
+    chunks_[below].next = id;
+    return;
+  }
+  // `id` now starts its region.
+  auto after = std::upper_bound(regions_.begin(), regions_.end(), address,
+                                [](std::uintptr_t a, const Region& r) { return a < r.base; });
+  std::prev(after)->first = id;
 }
 
 void BestFitArena::merge(ChunkId lower, ChunkId upper) {
@@ -87,31 +99,50 @@ void BestFitArena::merge(ChunkId lower, ChunkId upper) {
   low.next = up.next;
   if (up.next != kNoChunk) chunks_[up.next].prev = lower;
   if (low.stream == kNoStream) low.stream = up.stream;
-  starts_.erase(up.address);
   chunks_.destroy(upper);
 }
 
 void BestFitArena::coalesce_and_insert(ChunkId id) {
-  const ChunkId next = chunks_[id].next;
-  if (next != kNoChunk && !chunks_[next].in_use) {
-    if (streams_compatible(chunks_[id].stream, chunks_[next].stream)) {
+  Chunk& chunk = chunks_[id];
+  const ChunkId prev = chunk.prev;
+  const ChunkId next = chunk.next;
+  const bool prev_free = prev != kNoChunk && !chunks_[prev].in_use;
+  const bool next_free = next != kNoChunk && !chunks_[next].in_use;
+  const bool with_prev = prev_free && streams_compatible(chunks_[prev].stream, chunk.stream);
+  const bool with_next = next_free && streams_compatible(chunk.stream, chunks_[next].stream);
+  unmerged_pairs_ += static_cast<std::size_t>(prev_free && !with_prev) + (next_free && !with_next);
+
+  if (with_prev) {
+    // The free chunk below grows over this one (and the one above, if free);
+    // it stays in its bin unless its size class changes.
+    Chunk& low = chunks_[prev];
+    std::size_t size = low.size + chunk.size;
+    low.next = next;
+    if (next != kNoChunk) chunks_[next].prev = prev;
+    if (with_next) {
+      Chunk& up = chunks_[next];
       bins_.remove(chunks_, next);
-      merge(id, next);
-    } else {
-      ++unmerged_pairs_;
+      size += up.size;
+      low.next = up.next;
+      if (up.next != kNoChunk) chunks_[up.next].prev = prev;
+      chunks_.destroy(next);
     }
+    low.stream = chunk.stream;  // the others are kNoStream or the same stream
+    chunks_.destroy(id);
+    bins_.resize(chunks_, prev, size);
+  } else if (with_next) {
+    // The free chunk above grows down over this one.
+    Chunk& up = chunks_[next];
+    up.address = chunk.address;
+    up.prev = prev;
+    up.stream = chunk.stream;
+    relink_below(prev, chunk.address, next);
+    const std::size_t size = up.size + chunk.size;
+    chunks_.destroy(id);
+    bins_.resize(chunks_, next, size);
+  } else {
+    bins_.insert(chunks_, id);
   }
-  const ChunkId prev = chunks_[id].prev;
-  if (prev != kNoChunk && !chunks_[prev].in_use) {
-    if (streams_compatible(chunks_[id].stream, chunks_[prev].stream)) {
-      bins_.remove(chunks_, prev);
-      merge(prev, id);
-      id = prev;
-    } else {
-      ++unmerged_pairs_;
-    }
-  }
-  bins_.insert(chunks_, id);
 }
 
 Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
@@ -131,20 +162,23 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
     if (!synced) return std::move(synced).error();
     chunk->stream = kNoStream;
   }
-  bins_.remove(chunks_, id);
   if (should_split(chunk->size, bytes)) {
-    split(id, bytes);
+    // The front is handed out; the rest keeps the record (and usually its bin).
+    id = split_front(id, bytes);
     chunk = &chunks_[id];
+  } else {
+    bins_.remove(chunks_, id);
   }
   chunk->in_use = true;
   chunk->stream = stream;
+  live_.insert(chunk->address, id);
   return MemoryRange{chunk->pointer(), chunk->size};
 }
 
 Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  const ChunkId id = starts_.find(address);
-  if (id == AddressMap::kMissing || !chunks_[id].in_use) return bad_free(ptr);
+  const ChunkId id = live_.take(address);
+  if (id == AddressMap::kMissing) return bad_free(ptr);
   Chunk& chunk = chunks_[id];
   const std::size_t size = chunk.size;
   chunk.in_use = false;
@@ -154,8 +188,7 @@ Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {
 }
 
 bool BestFitArena::owns(const void* ptr) const noexcept {
-  const ChunkId id = starts_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  return id != AddressMap::kMissing && chunks_[id].in_use;
+  return live_.find(reinterpret_cast<std::uintptr_t>(ptr)) != AddressMap::kMissing;
 }
 
 const BestFitArena::Region* BestFitArena::region_containing(std::uintptr_t address) const noexcept {
@@ -244,7 +277,6 @@ std::vector<MemoryRange> BestFitArena::remove_free_regions() {
     const Chunk& first = chunks_[region.first];
     if (!first.in_use && first.size == region.bytes) {
       bins_.remove(chunks_, region.first);
-      starts_.erase(region.base);
       chunks_.destroy(region.first);
       region_bytes_ -= region.bytes;
       removed.push_back(region_ranges_[i]);

@@ -87,8 +87,12 @@ class BestFitArena {
   };
 
   bool should_split(std::size_t chunk_size, std::size_t bytes) const noexcept;
-  /// Splits `id` (free, in no bin) after `bytes`; the tail goes to a bin.
-  void split(ChunkId id, std::size_t bytes);
+  /// Cuts `bytes` off the front of free chunk `id` (in its bin) as a new free
+  /// chunk in no bin, and returns it; `id` keeps the rest.
+  ChunkId split_front(ChunkId id, std::size_t bytes);
+  /// Makes chunk `below` (or, if none, the region starting at `address`)
+  /// point up to `id`.
+  void relink_below(ChunkId below, std::uintptr_t address, ChunkId id) noexcept;
   /// Merges `upper` into `lower` (neighbours, both free and in no bin).
   void merge(ChunkId lower, ChunkId upper);
   /// Whether two free neighbours may merge: their stream tags agree, or one
@@ -96,8 +100,8 @@ class BestFitArena {
   static bool streams_compatible(Stream a, Stream b) noexcept {
     return a == b || a == kNoStream || b == kNoStream;
   }
-  /// Coalesces `id` (free, in no bin) with its free neighbours and inserts
-  /// the result in its bin.
+  /// Coalesces `id` (just freed, in no bin) with its free neighbours and
+  /// puts the result in its bin.
   void coalesce_and_insert(ChunkId id);
   /// Synchronizes every stream that free memory is tagged with, then merges
   /// the free neighbours that stream tags kept apart.
@@ -109,7 +113,7 @@ class BestFitArena {
   ArenaOptions options_;
   ChunkTable chunks_;
   FreeBins bins_;
-  AddressMap starts_;                     // chunk start address -> chunk id
+  AddressMap live_;                       // start address of each block in use -> chunk id
   std::vector<Region> regions_;           // sorted by base
   std::vector<MemoryRange> region_ranges_;  // the same, for callers
   std::size_t region_bytes_ = 0;

@@ -40,11 +40,11 @@ struct Chunk {
 /// the table grows only to the most chunks ever alive at once.
 class ChunkTable {
  public:
+  /// A chunk id; the record's fields are stale until the caller sets them all.
   ChunkId create() {
     if (unused_head_ != kNoChunk) {
       const ChunkId id = unused_head_;
       unused_head_ = chunks_[id].free_next;
-      chunks_[id] = Chunk{};
       return id;
     }
     chunks_.emplace_back();
@@ -52,7 +52,6 @@ class ChunkTable {
   }
   /// id came from create() and is not deleted yet.
   void destroy(ChunkId id) noexcept {
-    chunks_[id] = Chunk{};
     chunks_[id].free_next = unused_head_;
     unused_head_ = id;
   }

@@ -24,31 +24,29 @@ class FreeBins {
 
   /// chunk is free and in no bin.
   void insert(ChunkTable& chunks, ChunkId id) noexcept {
-    Chunk& chunk = chunks[id];
-    const std::size_t bin = SizeBins::bin_of(chunk.size);
-    chunk.bin = static_cast<std::uint32_t>(bin);
-    chunk.free_prev = kNoChunk;
-    chunk.free_next = heads_[bin];
-    if (heads_[bin] != kNoChunk) chunks[heads_[bin]].free_prev = id;
-    heads_[bin] = id;
-    bitmap_.set(bin);
-    free_bytes_ += chunk.size;
+    link(chunks, id, SizeBins::bin_of(chunks[id].size));
+    free_bytes_ += chunks[id].size;
     ++free_chunks_;
   }
 
   /// chunk is in a bin (inserted and not removed since).
   void remove(ChunkTable& chunks, ChunkId id) noexcept {
-    Chunk& chunk = chunks[id];
-    if (chunk.free_prev != kNoChunk) {
-      chunks[chunk.free_prev].free_next = chunk.free_next;
-    } else {
-      heads_[chunk.bin] = chunk.free_next;
-      if (chunk.free_next == kNoChunk) bitmap_.clear(chunk.bin);
-    }
-    if (chunk.free_next != kNoChunk) chunks[chunk.free_next].free_prev = chunk.free_prev;
-    chunk.free_prev = chunk.free_next = kNoChunk;
-    free_bytes_ -= chunk.size;
+    unlink(chunks, id);
+    free_bytes_ -= chunks[id].size;
     --free_chunks_;
+  }
+
+  /// Changes the size of a chunk in a bin, moving it only if its bin changes
+  /// (so the common split and merge against a large free chunk touch no list).
+  void resize(ChunkTable& chunks, ChunkId id, std::size_t size) noexcept {
+    Chunk& chunk = chunks[id];
+    free_bytes_ = free_bytes_ - chunk.size + size;
+    chunk.size = size;
+    const std::size_t bin = SizeBins::bin_of(size);
+    if (bin != chunk.bin) {
+      unlink(chunks, id);
+      link(chunks, id, bin);
+    }
   }
 
   /// The best-fitting free chunk of at least `size` bytes (size > 0, a
@@ -83,6 +81,27 @@ class FreeBins {
   std::size_t free_chunks() const noexcept { return free_chunks_; }
 
  private:
+  void link(ChunkTable& chunks, ChunkId id, std::size_t bin) noexcept {
+    Chunk& chunk = chunks[id];
+    chunk.bin = static_cast<std::uint32_t>(bin);
+    chunk.free_prev = kNoChunk;
+    chunk.free_next = heads_[bin];
+    if (heads_[bin] != kNoChunk) chunks[heads_[bin]].free_prev = id;
+    heads_[bin] = id;
+    bitmap_.set(bin);
+  }
+  void unlink(ChunkTable& chunks, ChunkId id) noexcept {
+    Chunk& chunk = chunks[id];
+    if (chunk.free_prev != kNoChunk) {
+      chunks[chunk.free_prev].free_next = chunk.free_next;
+    } else {
+      heads_[chunk.bin] = chunk.free_next;
+      if (chunk.free_next == kNoChunk) bitmap_.clear(chunk.bin);
+    }
+    if (chunk.free_next != kNoChunk) chunks[chunk.free_next].free_prev = chunk.free_prev;
+    chunk.free_prev = chunk.free_next = kNoChunk;
+  }
+
   ChunkId smallest_fitting(const ChunkTable& chunks, std::size_t bin, std::size_t size) const noexcept {
     ChunkId best = kNoChunk;
     for (ChunkId id = heads_[bin]; id != kNoChunk; id = chunks[id].free_next) {

@@ -60,7 +60,7 @@ TEST(AddressMap, AgreesWithAnUnorderedMapUnderRandomInsertsAndErases) {
   for (int op = 0; op < 200000; ++op) {
     if (!keys.empty() && random() % 3 == 0) {
       const std::size_t index = random() % keys.size();
-      map.erase(keys[index]);
+      ASSERT_EQ(map.take(keys[index]), expected[keys[index]]);
       expected.erase(keys[index]);
       keys[index] = keys.back();
       keys.pop_back();
@@ -79,6 +79,8 @@ TEST(AddressMap, AgreesWithAnUnorderedMapUnderRandomInsertsAndErases) {
   EXPECT_EQ(map.size(), expected.size());
   for (const auto& [key, value] : expected) ASSERT_EQ(map.find(key), value);
   EXPECT_EQ(map.find(256 * 200001), AddressMap::kMissing);
+  EXPECT_EQ(map.take(256 * 200001), AddressMap::kMissing);
+  EXPECT_EQ(map.size(), expected.size());
 }
 
 class BestFitArenaTest : public ::testing::Test {
