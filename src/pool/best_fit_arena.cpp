@@ -270,6 +270,11 @@ std::size_t BestFitArena::free_region_bytes() const noexcept {
 }
 
 std::vector<MemoryRange> BestFitArena::remove_free_regions() {
+  // Free neighbours freed on different streams are kept apart until their
+  // streams are synchronized; merge them first, or a region that is wholly
+  // free would look split and stay (found by fuzz/pool_ops_fuzz). A failed
+  // synchronize leaves them apart: only the regions already whole go back.
+  if (unmerged_pairs_ > 0) (void)settle_streams();
   std::vector<MemoryRange> removed;
   std::size_t kept = 0;
   for (std::size_t i = 0; i < regions_.size(); ++i) {

@@ -130,6 +130,21 @@ TEST(BestFitPool, NeighboursFreedOnTwoStreamsMergeWhenNeeded) {
   EXPECT_EQ(counting->calls(2), 1);
 }
 
+// Found by fuzz/pool_ops_fuzz: a region whose free chunks were freed on two
+// streams is wholly free, and trim() must hand it back.
+TEST(BestFitPool, TrimReturnsARegionFreedOnTwoStreams) {
+  auto device = host_device(64 * MiB);
+  const std::size_t free_at_start = device->mem_info().free_bytes;
+  auto pool = best_fit(device, /*preallocate=*/false, 48 * MiB);
+  void* first = must_allocate(*pool, 8, 0);
+  ASSERT_TRUE(pool->deallocate(first, 1));
+  void* second = must_allocate(*pool, 1, 1);
+  ASSERT_TRUE(pool->deallocate(second, 0));
+  EXPECT_GT(pool->trim(), 0u);
+  EXPECT_EQ(pool->stats().pool_bytes, 0);
+  EXPECT_EQ(device->mem_info().free_bytes, free_at_start);
+}
+
 TEST_P(BestFitBothModes, InteriorPointerIsInvalidAndChangesNothing) {
   auto a = best_fit(host_device(), GetParam(), 64 * MiB);
   auto* block = static_cast<char*>(must_allocate(*a, 4 * KiB));
