@@ -125,6 +125,11 @@ struct Config {
 /// host_capacity, or the CUDA device; then the ledger when enabled.
 Expected<std::shared_ptr<Device>> make_device(const Config& config);
 
+/// Whether make_allocator(mode, ...) can build its pool over `device` in this
+/// build: unsupported, with the reason, when it cannot (e.g. expandable on a
+/// device without virtual memory, cuda_async without the CUDA device).
+Status mode_supported(Mode mode, const Device& device);
+
 /// The pool of `mode` over `device`, with the settings of `config` (bytes
 /// limit, release threshold, preallocation). The one way to build a pool: the
 /// stack builder and the replay engine both use it. Errors: unsupported when

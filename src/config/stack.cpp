@@ -1,0 +1,101 @@
+// Building the stack from a Config: device -> decorators -> pool. The one
+// place in tidepool that turns a mode into a pool.
+#include <string>
+#include <utility>
+
+#include "tidepool/best_fit_pool.hpp"
+#include "tidepool/config.hpp"
+#include "tidepool/host_device.hpp"
+#include "tidepool/passthrough_pool.hpp"
+
+namespace tidepool {
+namespace {
+
+Error unavailable(Mode mode, std::string_view why) {
+  return Error(Errc::unsupported,
+               "mode " + std::string(mode_name(mode)) + " is not available: " + std::string(why));
+}
+
+}  // namespace
+
+Expected<std::shared_ptr<Device>> make_device(const Config& config) {
+  std::shared_ptr<Device> device;
+  switch (config.device.value) {
+    case DeviceKind::host: {
+      HostDeviceOptions options;
+      options.capacity = config.host_capacity.value;
+      auto host = HostDevice::create(options);
+      if (!host) {
+        // Name the variable, not only HostDevice's option.
+        const auto& capacity = config.host_capacity;
+        if (capacity.is_default()) return std::move(host).error();
+        return Error(host.error().code(), capacity.source + "='" + capacity.text +
+                                              "' cannot make a host device: " +
+                                              host.error().message());
+      }
+      device = std::move(*host);
+      break;
+    }
+    case DeviceKind::cuda:
+      return Error(Errc::unsupported,
+                   "TIDEPOOL_DEVICE=cuda: this build of tidepool has no CUDA device "
+                   "(it was built without the CUDA toolkit); allowed here: host");
+  }
+
+  // Decorators over the device, innermost first. The cross-process ledger
+  // (config.ledger, config.quota) wraps the device here.
+
+  return device;
+}
+
+Status mode_supported(Mode mode, const Device& device) {
+  switch (mode) {
+    case Mode::preallocate:
+    case Mode::growth:
+    case Mode::platform:
+      return {};
+    case Mode::expandable:
+      (void)device;
+      return unavailable(mode, "the expandable pool is not part of this build yet");
+    case Mode::cuda_async:
+      return unavailable(mode, "it needs the CUDA device (TIDEPOOL_DEVICE=cuda), which this "
+                               "build lacks");
+  }
+  return unavailable(mode, "unknown mode");
+}
+
+Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& config,
+                                                    std::shared_ptr<Device> device) {
+  if (!device) return Error(Errc::invalid_argument, "make_allocator: no device");
+  if (Status supported = mode_supported(mode, *device); !supported)
+    return std::move(supported).error();
+  // JAX: the fraction is of the device's total memory (not of what is free),
+  // and bounds the BFC allocator whether or not it preallocates.
+  const std::size_t bytes_limit = config.bytes_limit(device->mem_info().total_bytes);
+  switch (mode) {
+    case Mode::preallocate:
+    case Mode::growth: {
+      BestFitOptions options;
+      options.bytes_limit = bytes_limit;
+      options.preallocate = mode == Mode::preallocate;
+      auto pool = BestFitPool::create(std::move(device), options);
+      if (!pool) return std::move(pool).error();
+      return std::unique_ptr<Allocator>(std::move(*pool));
+    }
+    case Mode::platform:
+      // XLA's platform allocator ignores the memory fraction: it takes what
+      // it is asked for until the device says no.
+      return std::unique_ptr<Allocator>(std::make_unique<PassthroughPool>(std::move(device)));
+    case Mode::expandable:
+    case Mode::cuda_async:
+      break;  // refused by mode_supported until their pools are built in
+  }
+  return unavailable(mode, "unknown mode");
+}
+
+Expected<std::unique_ptr<Allocator>> make_allocator(const Config& config,
+                                                    std::shared_ptr<Device> device) {
+  return make_allocator(config.mode.value, config, std::move(device));
+}
+
+}  // namespace tidepool
