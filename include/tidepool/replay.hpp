@@ -1,0 +1,188 @@
+// The replay engine: runs one Trace against a fresh stack per mode
+// (HostDevice -> CountingDevice -> the mode's pool, built by config's
+// make_allocator) and measures what the workload costs under that mode:
+// footprint, fragmentation, device calls, OOMs and host time. docs/replay.md
+// explains every figure; the report layer prints them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tidepool/allocator.hpp"
+#include "tidepool/config.hpp"
+#include "tidepool/error.hpp"
+#include "tidepool/trace.hpp"
+
+namespace tidepool::trace {
+
+/// Default capacity of the replay device: an 80 GiB card (A100/H100 80GB).
+inline constexpr std::size_t kDefaultReplayCapacity = std::size_t{80} << 30;
+
+/// Called every 65,536 events with the events replayed so far and the
+/// events the whole call will replay (every mode's replay at full capacity;
+/// the probes of the capacity search are not counted).
+using ProgressFn = std::function<void(std::uint64_t events_done, std::uint64_t events_total)>;
+
+struct ReplayOptions {
+  /// Capacity of the HostDevice each mode replays on. 0 means the trace's
+  /// recorded device capacity if it has one, else kDefaultReplayCapacity.
+  std::size_t capacity_bytes = 0;
+  /// The settings given to make_allocator (memory fraction, release
+  /// threshold, ...). Its mode is ignored: each replay names its own.
+  Config config{};
+  /// Also find the smallest capacity with no OOM, per mode (bisection).
+  bool find_min_capacity = false;
+  /// Write a pattern derived from the lifetime into each block when it is
+  /// handed out and check it when it is freed: finds overlapping live blocks.
+  /// Touches memory: needs real memory for the trace's peak live bytes.
+  bool verify_contents = false;
+  /// The most points of the downsampled (event or time, live, reserved) series.
+  std::size_t max_series_points = 2000;
+  /// Optional progress callback (see ProgressFn); may be empty.
+  ProgressFn progress;
+};
+
+/// One point of a downsampled series: over a run of consecutive events, the
+/// highest live and reserved bytes (so peaks are never lost).
+struct SeriesPoint {
+  std::int64_t x = 0;                 // event index, or time_us when the trace has times
+  std::uint64_t live_bytes = 0;       // requested bytes live
+  std::uint64_t reserved_bytes = 0;   // bytes held from the device
+};
+
+/// Device calls the pool made during the replay (CountingDevice), set-up
+/// included (preallocate's one region is one alloc).
+struct DeviceCalls {
+  std::uint64_t allocs = 0;    // allocate()
+  std::uint64_t frees = 0;     // free()
+  std::uint64_t creates = 0;   // create(): physical memory for virtual-memory pools
+  std::uint64_t releases = 0;  // release()
+  std::uint64_t maps = 0;      // map()
+  std::uint64_t unmaps = 0;    // unmap()
+  std::uint64_t reserves = 0;  // reserve(): address space only
+  /// Host time spent inside device calls, nanoseconds.
+  std::uint64_t device_ns = 0;
+
+  std::uint64_t total() const noexcept {
+    return allocs + frees + creates + releases + maps + unmaps + reserves;
+  }
+};
+
+/// The first allocation a mode refused.
+struct FirstOom {
+  std::uint64_t event_index = 0;
+  std::uint32_t block = 0;
+  std::uint64_t requested_bytes = 0;
+  std::string message;   // the pool's error message
+  OomReport report;      // zero where the pool gave no report
+};
+
+/// What one mode did with one trace.
+struct ModeReplay {
+  Mode mode = Mode::growth;
+  std::size_t capacity_bytes = 0;          // the replay device's capacity
+  std::uint64_t events = 0;                // alloc and free events replayed
+  std::uint64_t peak_live_bytes = 0;       // requested bytes live at once, at most
+  std::uint64_t peak_live_rounded_bytes = 0;  // the pool's peak_bytes_in_use (after rounding)
+  std::uint64_t initial_reserved_bytes = 0;   // held after creating the pool, before event 0
+  std::uint64_t peak_reserved_bytes = 0;   // bytes held from the device at once, at most
+  std::uint64_t final_reserved_bytes = 0;  // held after the last event
+  double average_reserved_bytes = 0;       // time-weighted (or event-weighted) mean
+  /// peak_reserved / peak_live (requested); 0 when nothing was live.
+  double fragmentation = 0;
+  /// Single-region pools (preallocate): the highest end offset of a block
+  /// from the region's start. Absent for other pools.
+  std::optional<std::uint64_t> address_high_water_bytes;
+  /// With ReplayOptions::find_min_capacity: the smallest device capacity (at
+  /// granularity resolution) at which the trace replays with no OOM. Absent
+  /// when not asked or when none up to 16 x capacity_bytes sufficed.
+  std::optional<std::uint64_t> min_capacity_bytes;
+  std::uint32_t min_capacity_probes = 0;   // replays the search made
+  DeviceCalls device_calls;
+  std::uint64_t ooms = 0;                  // allocations refused (their frees skipped)
+  std::optional<FirstOom> first_oom;
+  std::uint64_t replay_ns = 0;             // host time of the event loop (set-up excluded)
+  Stats stats;                             // the pool's stats after the last event
+  std::vector<SeriesPoint> series;
+
+  /// Host nanoseconds per replayed event; 0 for an empty trace.
+  double ns_per_op() const noexcept {
+    return events == 0 ? 0.0 : static_cast<double>(replay_ns) / static_cast<double>(events);
+  }
+  /// Replayed events per second; 0 when not measurable.
+  double events_per_second() const noexcept {
+    return replay_ns == 0 ? 0.0 : static_cast<double>(events) * 1e9 / static_cast<double>(replay_ns);
+  }
+  /// min_capacity_bytes / peak_live_bytes; 0 when either is missing.
+  double min_capacity_ratio() const noexcept {
+    if (!min_capacity_bytes || peak_live_bytes == 0) return 0.0;
+    return static_cast<double>(*min_capacity_bytes) / static_cast<double>(peak_live_bytes);
+  }
+};
+
+/// What the recorded allocator (PyTorch) reserved, from the trace's segment
+/// events. A ring-buffer trace can begin with segments already held: the
+/// bytes freed before being allocated in the record are taken as held from
+/// the start (initial_reserved_bytes).
+struct RecordedReplay {
+  std::string label = "PyTorch (recorded)";
+  std::uint64_t initial_reserved_bytes = 0;
+  std::uint64_t peak_reserved_bytes = 0;
+  double average_reserved_bytes = 0;
+  double fragmentation = 0;   // peak_reserved / the trace's peak live
+  std::vector<SeriesPoint> series;
+};
+
+/// Every mode's replay of one trace.
+struct TraceReplay {
+  std::string trace_name;
+  std::string trace_format;
+  std::uint64_t events = 0;           // every event of the trace, segment events included
+  std::uint32_t blocks = 0;           // lifetimes
+  std::size_t unmatched_frees = 0;    // from the reader: frees with no recorded alloc, skipped
+  std::size_t failed_allocs = 0;      // from the reader: allocations the recorded program saw fail
+  bool timed = false;                 // series x and averages use time_us (else event index)
+  double mem_fraction = 0;            // the Config's fraction the pools were built with
+  std::vector<ModeReplay> modes;
+  std::optional<RecordedReplay> recorded;  // when the trace has segment events
+};
+
+/// Replays `trace` under one mode on a fresh stack. Errors: corrupt_data when
+/// the trace is inconsistent (a free of a lifetime that is not live, a block
+/// number >= num_blocks), or when verify_contents finds a block overwritten;
+/// unsupported when the mode cannot be built here (cuda_async on the host);
+/// out_of_memory only when the pool cannot even be created (preallocation
+/// larger than the device). OOMs during the replay are counted, not errors.
+Expected<ModeReplay> replay_mode(const Trace& trace, Mode mode, const ReplayOptions& options);
+
+/// The smallest capacity (a multiple of the host device's granularity) at
+/// which `trace` replays under `mode` with no OOM, by bisection between the
+/// trace's peak live bytes and `upper_bytes` (doubled up to 16 times while it
+/// still fails). Assumes that a replay that succeeds at some capacity also
+/// succeeds at any larger one. Returns nullopt when none was found.
+struct MinCapacity {
+  std::optional<std::uint64_t> bytes;
+  std::uint32_t probes = 0;
+};
+Expected<MinCapacity> find_min_capacity(const Trace& trace, Mode mode, std::size_t upper_bytes,
+                                        const ReplayOptions& options);
+
+/// Replays `trace` under each of `modes` and, where it has segment events,
+/// adds the recorded row.
+Expected<TraceReplay> replay(const Trace& trace, std::span<const Mode> modes,
+                             const ReplayOptions& options);
+
+/// The recorded allocator's reserved bytes, from the segment events; nullopt
+/// when the trace has none.
+std::optional<RecordedReplay> recorded_reserved(const Trace& trace, std::size_t max_series_points);
+
+/// The modes a replay uses when none are named: every mode this build can
+/// run on the host device (cuda_async only with CUDA).
+std::vector<Mode> default_replay_modes();
+
+}  // namespace tidepool::trace

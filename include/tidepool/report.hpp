@@ -1,0 +1,58 @@
+// Replays as people and programs read them: a text table, JSON (every
+// figure, names documented in docs/replay.md), Chrome/Perfetto trace events
+// (counter tracks of live and reserved bytes per mode) and one self-contained
+// HTML page (the table and a chart per trace, Chart.js inlined).
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "tidepool/error.hpp"
+#include "tidepool/replay.hpp"
+
+namespace tidepool::report {
+
+/// The label of a replay row: the mode's name ("growth", ...).
+std::string mode_label(const trace::ModeReplay& mode);
+
+/// One trace's replay as a text table: a heading line naming the trace, its
+/// events, the device and the peak live bytes, then one row per mode and the
+/// recorded row where there is one. Sizes in binary units, ratios as "1.23x",
+/// host time in ns/op. Ends with a newline.
+std::string replay_table(const trace::TraceReplay& replay);
+
+/// Every figure of every replay as one JSON document (docs/replay.md names
+/// each field). Field order is stable.
+std::string replay_json(std::span<const trace::TraceReplay> replays);
+
+/// Chrome trace-event JSON (the "JSON Object Format": {"traceEvents": [...]})
+/// with one process per trace and mode, named "<trace> / <mode>", holding
+/// the counter tracks "live" and "reserved" ("ph": "C", args {"bytes": N})
+/// from the downsampled series. Timestamps are the trace's microseconds, or
+/// one microsecond per event for traces with no times. Opens in
+/// ui.perfetto.dev and chrome://tracing.
+std::string perfetto_json(std::span<const trace::TraceReplay> replays);
+
+/// Where Debian's libjs-chart.js puts the minified Chart.js.
+inline constexpr std::string_view kDebianChartJsPath = "/usr/share/javascript/chart.js/chart.min.js";
+
+struct HtmlOptions {
+  /// Chart.js (version 3 or 4, UMD build) to inline into the page.
+  std::string chart_js_path = std::string(kDebianChartJsPath);
+  std::string title = "tidepool replay";
+};
+
+/// One self-contained HTML page: the tables and, per trace, a chart of
+/// reserved bytes per mode and live bytes over time. Works offline: Chart.js
+/// is read from options.chart_js_path and inlined. When every chart has
+/// drawn, the page sets data-charts-rendered="N" on <html>; any script error
+/// is counted in data-script-errors (what the headless-browser test reads).
+/// Errors: io_error naming the Chart.js path when it cannot be read.
+Expected<std::string> replay_html(std::span<const trace::TraceReplay> replays,
+                                  const HtmlOptions& options = {});
+
+/// Writes `text` to `path`, replacing it. io_error naming the path and the reason.
+Status write_file(const std::string& path, std::string_view text);
+
+}  // namespace tidepool::report

@@ -1,0 +1,117 @@
+// The JSON report: every figure of every replay. The field names are part of
+// the interface (docs/replay.md); ordered_json keeps them in a stable order.
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "tidepool/report.hpp"
+#include "tidepool/replay.hpp"
+
+namespace tidepool::report {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+Json series_json(const std::vector<trace::SeriesPoint>& series) {
+  Json x = Json::array();
+  Json live = Json::array();
+  Json reserved = Json::array();
+  for (const trace::SeriesPoint& point : series) {
+    x.push_back(point.x);
+    live.push_back(point.live_bytes);
+    reserved.push_back(point.reserved_bytes);
+  }
+  return Json{{"x", std::move(x)}, {"live_bytes", std::move(live)}, {"reserved_bytes", std::move(reserved)}};
+}
+
+template <class T>
+Json optional_json(const std::optional<T>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+
+Json mode_json(const trace::ModeReplay& mode) {
+  Json out;
+  out["mode"] = mode_label(mode);
+  out["capacity_bytes"] = mode.capacity_bytes;
+  out["events"] = mode.events;
+  out["peak_live_bytes"] = mode.peak_live_bytes;
+  out["peak_live_rounded_bytes"] = mode.peak_live_rounded_bytes;
+  out["initial_reserved_bytes"] = mode.initial_reserved_bytes;
+  out["peak_reserved_bytes"] = mode.peak_reserved_bytes;
+  out["final_reserved_bytes"] = mode.final_reserved_bytes;
+  out["average_reserved_bytes"] = mode.average_reserved_bytes;
+  out["fragmentation"] = mode.fragmentation;
+  out["address_high_water_bytes"] = optional_json(mode.address_high_water_bytes);
+  out["min_capacity_bytes"] = optional_json(mode.min_capacity_bytes);
+  out["min_capacity_ratio"] = mode.min_capacity_bytes ? Json(mode.min_capacity_ratio()) : Json(nullptr);
+  out["min_capacity_probes"] = mode.min_capacity_probes;
+  const trace::DeviceCalls& calls = mode.device_calls;
+  out["device_calls"] = Json{{"allocs", calls.allocs},       {"frees", calls.frees},
+                             {"creates", calls.creates},     {"releases", calls.releases},
+                             {"maps", calls.maps},           {"unmaps", calls.unmaps},
+                             {"reserves", calls.reserves},   {"total", calls.total()},
+                             {"device_ns", calls.device_ns}};
+  out["ooms"] = mode.ooms;
+  if (mode.first_oom) {
+    const trace::FirstOom& oom = *mode.first_oom;
+    out["first_oom"] = Json{{"event_index", oom.event_index},
+                            {"block", oom.block},
+                            {"requested_bytes", oom.requested_bytes},
+                            {"bytes_in_use", oom.report.bytes_in_use},
+                            {"bytes_reserved", oom.report.bytes_reserved},
+                            {"device_free_bytes", oom.report.device_free_bytes},
+                            {"largest_free_block_bytes", oom.report.largest_free_block_bytes},
+                            {"hint", oom.report.hint},
+                            {"message", oom.message}};
+  } else {
+    out["first_oom"] = nullptr;
+  }
+  out["replay_ns"] = mode.replay_ns;
+  out["ns_per_op"] = mode.ns_per_op();
+  out["events_per_second"] = mode.events_per_second();
+  Json stats;
+  for (const auto& [name, value] : mode.stats.items()) stats[std::string(name)] = value;
+  out["stats"] = std::move(stats);
+  out["series"] = series_json(mode.series);
+  return out;
+}
+
+Json trace_json(const trace::TraceReplay& replay) {
+  Json out;
+  out["name"] = replay.trace_name;
+  out["format"] = replay.trace_format;
+  out["events"] = replay.events;
+  out["blocks"] = replay.blocks;
+  out["unmatched_frees"] = replay.unmatched_frees;
+  out["failed_allocs"] = replay.failed_allocs;
+  out["x_unit"] = replay.timed ? "time_us" : "event";
+  out["mem_fraction"] = replay.mem_fraction;
+  Json modes = Json::array();
+  for (const trace::ModeReplay& mode : replay.modes) modes.push_back(mode_json(mode));
+  out["modes"] = std::move(modes);
+  if (replay.recorded) {
+    const trace::RecordedReplay& recorded = *replay.recorded;
+    out["recorded"] = Json{{"label", recorded.label},
+                           {"initial_reserved_bytes", recorded.initial_reserved_bytes},
+                           {"peak_reserved_bytes", recorded.peak_reserved_bytes},
+                           {"average_reserved_bytes", recorded.average_reserved_bytes},
+                           {"fragmentation", recorded.fragmentation},
+                           {"series", series_json(recorded.series)}};
+  } else {
+    out["recorded"] = nullptr;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string replay_json(std::span<const trace::TraceReplay> replays) {
+  Json traces = Json::array();
+  for (const trace::TraceReplay& replay : replays) traces.push_back(trace_json(replay));
+  Json document;
+  document["tidepool_replay_version"] = 1;
+  document["traces"] = std::move(traces);
+  return document.dump() + "\n";
+}
+
+}  // namespace tidepool::report

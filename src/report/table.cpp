@@ -1,0 +1,110 @@
+// The replay table: one row per mode, sizes in binary units, ratios as
+// multiples of the trace's peak live bytes, host time in ns/op.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+
+#include "report/table_rows.hpp"
+#include "tidepool/report.hpp"
+#include "tidepool/units.hpp"
+
+namespace tidepool::report {
+namespace {
+
+std::string bytes_text(std::uint64_t bytes) { return format_bytes(static_cast<std::size_t>(bytes)); }
+
+std::string ratio_text(double ratio) { return ratio > 0 ? fmt::format("{:.2f}x", ratio) : "-"; }
+
+/// The first line of a possibly multi-line message.
+std::string_view first_line(std::string_view text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+std::string mode_label(const trace::ModeReplay& mode) { return std::string(mode_name(mode.mode)); }
+
+namespace detail {
+
+TableText table_text(const trace::TraceReplay& replay) {
+  TableText table;
+  std::uint64_t peak_live = 0;
+  std::size_t capacity = 0;
+  for (const trace::ModeReplay& mode : replay.modes) {
+    peak_live = std::max(peak_live, mode.peak_live_bytes);
+    capacity = mode.capacity_bytes;
+  }
+  table.heading = fmt::format("{} ({}): {} events, {} blocks", replay.trace_name,
+                              replay.trace_format, replay.events, replay.blocks);
+  if (replay.unmatched_frees != 0) {
+    table.heading += fmt::format(", {} unmatched frees skipped", replay.unmatched_frees);
+  }
+  table.heading += fmt::format("; device {}, fraction {:.2f}; peak live {}", bytes_text(capacity),
+                               replay.mem_fraction, bytes_text(peak_live));
+  table.rows.push_back({"mode", "peak reserved", "avg reserved", "reserved/live", "high-water",
+                        "min capacity (x live)", "dev allocs", "dev frees", "maps", "unmaps", "OOMs",
+                        "ns/op"});
+  for (const trace::ModeReplay& mode : replay.modes) {
+    const trace::DeviceCalls& calls = mode.device_calls;
+    table.rows.push_back({
+        mode_label(mode),
+        bytes_text(mode.peak_reserved_bytes),
+        bytes_text(static_cast<std::uint64_t>(mode.average_reserved_bytes)),
+        ratio_text(mode.fragmentation),
+        mode.address_high_water_bytes ? bytes_text(*mode.address_high_water_bytes) : "-",
+        mode.min_capacity_bytes ? fmt::format("{} ({:.2f}x)", bytes_text(*mode.min_capacity_bytes),
+                                              mode.min_capacity_ratio())
+                                : "-",
+        std::to_string(calls.allocs + calls.creates),
+        std::to_string(calls.frees + calls.releases),
+        std::to_string(calls.maps),
+        std::to_string(calls.unmaps),
+        std::to_string(mode.ooms),
+        fmt::format("{:.1f}", mode.ns_per_op()),
+    });
+  }
+  if (replay.recorded) {
+    const trace::RecordedReplay& recorded = *replay.recorded;
+    table.rows.push_back({recorded.label, bytes_text(recorded.peak_reserved_bytes),
+                          bytes_text(static_cast<std::uint64_t>(recorded.average_reserved_bytes)),
+                          ratio_text(recorded.fragmentation), "-", "-", "-", "-", "-", "-", "-", "-"});
+  }
+  for (const trace::ModeReplay& mode : replay.modes) {
+    if (!mode.first_oom) continue;
+    const trace::FirstOom& oom = *mode.first_oom;
+    table.notes.push_back(fmt::format("{}: {} OOM{}; the first at event {} (block {}, {}): {}",
+                                      mode_label(mode), mode.ooms, mode.ooms == 1 ? "" : "s",
+                                      oom.event_index, oom.block, bytes_text(oom.requested_bytes),
+                                      first_line(oom.message)));
+  }
+  return table;
+}
+
+}  // namespace detail
+
+std::string replay_table(const trace::TraceReplay& replay) {
+  const detail::TableText table = detail::table_text(replay);
+  std::vector<std::size_t> widths(table.rows.front().size(), 0);
+  for (const auto& row : table.rows) {
+    for (std::size_t column = 0; column < row.size(); ++column) {
+      widths[column] = std::max(widths[column], row[column].size());
+    }
+  }
+  std::string out = table.heading + "\n";
+  for (const auto& row : table.rows) {
+    std::string line;
+    for (std::size_t column = 0; column < row.size(); ++column) {
+      // The mode's name reads left-aligned; figures right-aligned.
+      if (column == 0) {
+        line += fmt::format("{:<{}}", row[column], widths[column]);
+      } else {
+        line += fmt::format("  {:>{}}", row[column], widths[column]);
+      }
+    }
+    out += line + "\n";
+  }
+  for (const std::string& note : table.notes) out += "  " + note + "\n";
+  return out;
+}
+
+}  // namespace tidepool::report

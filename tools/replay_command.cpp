@@ -1,0 +1,191 @@
+// `tidepool replay TRACE...`: replays traces under every mode and prints a
+// table per trace; --json, --html and --perfetto write the reports. The run
+// itself is shared with `tidepool compare` (compare_command.cpp).
+#include "replay_command.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "command.hpp"
+#include "tidepool/replay.hpp"
+#include "tidepool/report.hpp"
+#include "tidepool/trace_io.hpp"
+#include "tidepool/units.hpp"
+#include "tidepool/workloads.hpp"
+
+namespace tidepool::cli {
+namespace {
+
+/// A one-line progress bar on stderr, drawn only on a terminal and only once
+/// a replay has run for a moment, so short replays and pipes stay quiet.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled && isatty(STDERR_FILENO) == 1) {}
+  ~ProgressBar() { clear(); }
+
+  /// Starts the bar for the next trace.
+  void begin(std::string label) {
+    clear();
+    label_ = std::move(label);
+    started_ = std::chrono::steady_clock::now();
+  }
+  void update(std::uint64_t done, std::uint64_t total) {
+    if (!enabled_ || total == 0) return;
+    if (std::chrono::steady_clock::now() - started_ < std::chrono::milliseconds(300)) return;
+    constexpr int kWidth = 30;
+    const double fraction = std::min(1.0, static_cast<double>(done) / static_cast<double>(total));
+    const int filled = static_cast<int>(fraction * kWidth);
+    std::fprintf(stderr, "\r%s [%s%s] %3d%%", label_.c_str(), std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, ' ').c_str(), static_cast<int>(fraction * 100));
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  void clear() {
+    if (!drawn_) return;
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+    drawn_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool drawn_ = false;
+  std::string label_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+Expected<std::vector<Mode>> parse_modes(const std::string& text) {
+  if (text.empty()) return trace::default_replay_modes();
+  std::vector<Mode> modes;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    auto mode = parse_mode(name);
+    if (!mode) {
+      return Error(Errc::invalid_argument, "--modes: " + mode.error().message());
+    }
+    modes.push_back(*mode);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  return modes;
+}
+
+/// The traces to replay, in order: the files, then the built-in workloads.
+Expected<std::vector<trace::Trace>> load_traces(const ReplayCommandOptions& options) {
+  std::vector<trace::Trace> traces;
+  for (const std::string& path : options.traces) {
+    auto loaded = trace::read_trace(path);
+    if (!loaded) {
+      const std::string& message = loaded.error().message();
+      // Readers name the file; say which argument it was when one does not.
+      if (message.find(path) != std::string::npos) return std::move(loaded).error();
+      return Error(loaded.error().code(), "cannot read trace '" + path + "': " + message);
+    }
+    traces.push_back(std::move(*loaded));
+  }
+  for (const std::string& name : options.workloads) {
+    auto made = trace::make_workload(name);
+    if (!made) return std::move(made).error();
+    traces.push_back(std::move(*made));
+  }
+  return traces;
+}
+
+}  // namespace
+
+void add_replay_options(CLI::App& app, ReplayCommandOptions& options) {
+  app.add_option("--modes", options.modes,
+                 "Comma-separated modes (preallocate,growth,platform,expandable,cuda_async); "
+                 "default: every mode this build can replay on the host device");
+  app.add_option("--capacity", options.capacity,
+                 "Device capacity to replay on, e.g. 80GiB (default: the trace's recorded device, "
+                 "else 80GiB)");
+  app.add_flag("--min-capacity", options.min_capacity,
+               "Also find, per mode, the smallest capacity with no OOM (bisection)");
+  app.add_flag("--verify", options.verify,
+               "Write a pattern into every block and check it at its free (uses real memory)");
+  app.add_option("--json", options.json_path, "Write every figure as JSON to FILE");
+  app.add_option("--html", options.html_path, "Write a self-contained HTML report to FILE");
+  app.add_option("--perfetto", options.perfetto_path,
+                 "Write Chrome/Perfetto trace events (live and reserved counters) to FILE");
+  app.add_flag("-q,--quiet", options.quiet, "Print no table and no progress, only errors");
+}
+
+int run_replay_command(const ReplayCommandOptions& options) {
+  auto config = load_config(!options.quiet);
+  if (!config) return report_error(config.error());
+  auto modes = parse_modes(options.modes);
+  if (!modes) return report_error(modes.error());
+
+  trace::ReplayOptions replay_options;
+  replay_options.config = *config;
+  replay_options.find_min_capacity = options.min_capacity;
+  replay_options.verify_contents = options.verify;
+  if (!options.capacity.empty()) {
+    auto capacity = parse_bytes(options.capacity);
+    if (!capacity) return report_error(Error(Errc::invalid_argument, "--capacity: " + capacity.error().message()));
+    if (*capacity == 0) return report_error(Error(Errc::invalid_argument, "--capacity must be positive"));
+    replay_options.capacity_bytes = *capacity;
+  }
+
+  auto traces = load_traces(options);
+  if (!traces) return report_error(traces.error());
+
+  ProgressBar progress(!options.quiet);
+  replay_options.progress = [&progress](std::uint64_t done, std::uint64_t total) {
+    progress.update(done, total);
+  };
+  std::vector<trace::TraceReplay> replays;
+  for (const trace::Trace& one : *traces) {
+    progress.begin(one.name);
+    auto replayed = trace::replay(one, *modes, replay_options);
+    progress.clear();
+    if (!replayed) return report_error(replayed.error());
+    if (!options.quiet) {
+      if (!replays.empty()) fmt::print("\n");
+      fmt::print("{}", report::replay_table(*replayed));
+      std::fflush(stdout);
+    }
+    replays.push_back(std::move(*replayed));
+  }
+
+  if (!options.json_path.empty()) {
+    if (Status written = report::write_file(options.json_path, report::replay_json(replays)); !written)
+      return report_error(written.error());
+  }
+  if (!options.perfetto_path.empty()) {
+    if (Status written = report::write_file(options.perfetto_path, report::perfetto_json(replays));
+        !written)
+      return report_error(written.error());
+  }
+  if (!options.html_path.empty()) {
+    auto page = report::replay_html(replays);
+    if (!page) return report_error(page.error());
+    if (Status written = report::write_file(options.html_path, *page); !written)
+      return report_error(written.error());
+  }
+  return 0;
+}
+
+namespace {
+
+const bool registered = register_command(
+    "replay", "Replay allocation traces under every mode and compare them",
+    [](CLI::App& app) -> Run {
+      auto options = std::make_shared<ReplayCommandOptions>();
+      app.add_option("traces", options->traces,
+                     "Trace files: PyTorch snapshots (.pickle), RMM logging CSV, tidepool traces")
+          ->required();
+      add_replay_options(app, *options);
+      return [options] { return run_replay_command(*options); };
+    });
+
+}  // namespace
+}  // namespace tidepool::cli
