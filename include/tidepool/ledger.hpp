@@ -1,0 +1,239 @@
+// The cross-process ledger: one POSIX shared-memory segment per device that
+// records, for every process using the device, the bytes it has taken from
+// it, its quota and its pressure. Every physical allocation is reserved in the
+// ledger first, under a robust process-shared mutex, so the sum of
+// reservations never exceeds the device's capacity (or the configured shared
+// limit) whatever the interleaving, and two processes never both count on
+// the same free memory. docs/ledger.md describes the layout and the protocol.
+//
+// Budget rule. A process's *commitment* is max(reserved, quota): a quota is
+// both a cap and a guarantee. A reservation of n bytes by process P succeeds
+// when P.reserved + n <= P.quota (if P has one) and
+//   sum over other live processes of commitment + max(P.reserved + n, P.quota) <= limit.
+// A process registers with a quota only while the commitments of the live
+// processes leave room for it, so a registered quota can always be reserved.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tidepool/device.hpp"
+#include "tidepool/error.hpp"
+
+namespace tidepool {
+
+/// The segment name of a device's ledger: "/tidepool-" and the device id with
+/// every character other than a letter, digit, '.', '_' or '-' replaced by
+/// '_' ("host:gpu0" -> "/tidepool-host_gpu0"); ids too long for a name are
+/// shortened and suffixed with a hash of the whole id.
+std::string ledger_segment_name(std::string_view device_id);
+
+/// One process's entry, as read from the segment.
+struct LedgerEntryInfo {
+  std::uint32_t slot = 0;             // index of the entry in the segment
+  int pid = 0;
+  std::uint64_t start_time = 0;       // clock ticks after boot (/proc/<pid>/stat field 22)
+  std::string command;                // /proc/<pid>/comm at registration
+  std::size_t reserved_bytes = 0;     // bytes it holds from the device
+  std::size_t quota_bytes = 0;        // 0: no quota
+  std::size_t cached_free_bytes = 0;  // reserved but not in use, as its pools last reported
+  std::size_t wanted_bytes = 0;       // the request it is waiting for, 0 when none
+  std::uint64_t trim_requests = 0;    // trim requests it has posted
+  std::uint64_t trims_answered = 0;   // trim requests of others it has answered
+  std::size_t bytes_trimmed = 0;      // bytes it released answering them
+  bool answers_trim = false;          // whether it releases cached memory when asked
+  bool alive = false;                 // the pid runs and has the recorded start time
+};
+
+/// The whole segment at one moment.
+struct LedgerSnapshot {
+  std::string segment_name;
+  std::string device_id;
+  std::size_t limit_bytes = 0;          // the sum of reservations never exceeds it
+  std::size_t device_total_bytes = 0;   // the device's capacity when the segment was made
+  std::size_t reserved_bytes = 0;       // sum over the entries
+  std::size_t peak_reserved_bytes = 0;  // the largest sum since the segment was made
+  std::uint64_t reclaimed_entries = 0;  // entries of dead processes cleared so far
+  std::uint64_t lock_recoveries = 0;    // times the lock was recovered from a dead holder
+  std::uint32_t entry_capacity = 0;     // most processes the segment can hold
+  std::vector<LedgerEntryInfo> entries; // registered entries, by slot
+
+  /// Bytes the live entries commit: sum of max(reserved, quota).
+  std::size_t committed_bytes() const;
+};
+
+/// How a segment is opened or made.
+struct LedgerSegmentOptions {
+  /// The segment's name: "/name" with no other '/'.
+  std::string name;
+  /// The device the segment is for (Device::id()); recorded by the creator
+  /// and checked by later processes.
+  std::string device_id;
+  /// The device's capacity. Must match what the creator recorded.
+  std::size_t device_total_bytes = 0;
+  /// The most all processes may reserve together; 0: device_total_bytes. Set
+  /// by the creator; a later process asking for a different non-zero limit is
+  /// refused (invalid_argument).
+  std::size_t shared_limit_bytes = 0;
+  /// Permissions of a new segment: 0600 (this user only) or 0660 (also the
+  /// group); TIDEPOOL_LEDGER_MODE in the configuration.
+  unsigned mode = 0600;
+  /// How long to wait for the lock before reporting a wedged ledger.
+  std::chrono::milliseconds lock_timeout{5000};
+};
+
+/// A handle on one ledger segment, mapped into this process. Thread-safe.
+/// Entries are registered by LedgerDevice; a Ledger on its own reads the
+/// segment and clears dead entries (the `tidepool ledger` command).
+class Ledger {
+ public:
+  /// Opens the segment `options.name`, making it when it does not exist
+  /// (O_CREAT | O_EXCL, so exactly one process initializes it; the others
+  /// wait a bounded time for its ready flag). Errors: corrupt_data for a
+  /// segment that is not a tidepool ledger of this layout version or whose
+  /// header checksum fails; invalid_argument when it was made for another
+  /// device or limit; io_error when the OS refuses.
+  static Expected<std::unique_ptr<Ledger>> open_or_create(const LedgerSegmentOptions& options);
+  /// Opens an existing segment; io_error naming it when there is none, and
+  /// the checks of open_or_create.
+  static Expected<std::unique_ptr<Ledger>> open_existing(const std::string& name,
+                                                         std::chrono::milliseconds lock_timeout =
+                                                             std::chrono::milliseconds(5000));
+  /// Removes the segment's name (shm_unlink); processes that have it mapped
+  /// keep using it. io_error when it does not exist.
+  static Status remove(const std::string& name);
+
+  ~Ledger();
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+
+  const std::string& name() const;
+
+  /// Every registered entry, with whether its process is alive. Takes the lock.
+  Expected<LedgerSnapshot> snapshot() const;
+  /// Clears the entries of processes that died (a pid that no longer runs,
+  /// or runs with another start time). Returns how many were cleared.
+  Expected<std::size_t> reclaim_dead();
+
+  /// For tests of lock recovery: runs `while_held` holding the ledger's lock.
+  Status with_lock_held(const std::function<void()>& while_held);
+
+  struct Segment;  // the mapping and its operations (src/share/)
+  /// The mapping, for LedgerDevice.
+  Segment& segment() const { return *segment_; }
+
+ private:
+  explicit Ledger(std::unique_ptr<Segment> segment);
+  std::unique_ptr<Segment> segment_;
+};
+
+/// What LedgerDevice calls to make the process's pools give cached memory
+/// back. The config layer registers them for the pool it builds over the
+/// device; they are called from the background thread or from
+/// LedgerDevice::answer_trim_requests, never from inside a device call.
+struct TrimHooks {
+  /// Returns every cached, fully free piece of memory to the device
+  /// (Allocator::trim); returns the bytes released.
+  std::function<std::size_t()> trim;
+  /// Bytes held from the device and not in use (reserved - in use).
+  std::function<std::size_t()> cached_free_bytes;
+};
+
+/// How a process takes part in a device's ledger.
+struct LedgerOptions {
+  /// The segment; empty: ledger_segment_name(device id).
+  std::string segment_name;
+  /// The most all processes may reserve together; 0: the device's total.
+  std::size_t shared_limit_bytes = 0;
+  /// This process's quota (TIDEPOOL_QUOTA), at most the limit; 0: none.
+  std::size_t quota_bytes = 0;
+  /// Permissions of a new segment: 0600 or 0660.
+  unsigned mode = 0600;
+  /// When a reservation does not fit, post a trim request and wait for other
+  /// processes to release cached memory before reporting out_of_memory.
+  bool cooperative_trim = true;
+  /// The longest a short request waits for others' trims before out_of_memory.
+  std::chrono::milliseconds trim_wait{2000};
+  /// Period of the background thread that answers others' trim requests and
+  /// refreshes this process's cached-free report (every 10 periods); it runs
+  /// while trim hooks are set. 0: no thread (answer_trim_requests only).
+  std::chrono::milliseconds poll_period{10};
+  /// How long to wait for the ledger's lock before reporting a wedged ledger.
+  std::chrono::milliseconds lock_timeout{5000};
+};
+
+/// A device decorator that reserves every physical allocation (allocate,
+/// create) in the ledger before asking the device, and releases it when the
+/// memory goes back (free, release). Only these device calls and mem_info
+/// touch the ledger; a pool serving a request from its cache never does.
+///
+/// mem_info() reports this process's share, as CUDA MPS reports a pinned
+/// memory limit: total is the quota (or the shared limit when there is none),
+/// free is what this process could reserve now. So a pool sized as a
+/// fraction of the total (XLA_CLIENT_MEM_FRACTION) takes that fraction of
+/// the quota.
+class LedgerDevice final : public DeviceAdaptor {
+ public:
+  /// Registers this process in the ledger of `upstream`. Clears dead entries
+  /// first. Errors: those of Ledger::open_or_create; invalid_argument for a
+  /// quota above the limit; out_of_memory when the quota does not fit beside
+  /// the commitments of the live processes (the message names them);
+  /// limit_reached when the segment has no free entry.
+  static Expected<std::shared_ptr<LedgerDevice>> create(std::shared_ptr<Device> upstream,
+                                                        LedgerOptions options = {});
+  /// Stops the background thread and clears this process's entry (releasing
+  /// whatever is still reserved in it).
+  ~LedgerDevice() override;
+  LedgerDevice(const LedgerDevice&) = delete;
+  LedgerDevice& operator=(const LedgerDevice&) = delete;
+
+  std::string description() const override;
+  /// Reserves `bytes` in the ledger, then allocates. out_of_memory (naming
+  /// the processes that hold the device) when the reservation does not fit
+  /// after the trim wait.
+  Expected<void*> allocate(std::size_t bytes) override;
+  /// Frees, then releases the reservation.
+  Status free(void* ptr, std::size_t bytes) override;
+  /// This process's share: see the class comment.
+  MemInfo mem_info() const override;
+  /// As allocate, for physical memory.
+  Expected<PhysicalHandle> create(std::size_t bytes) override;
+  /// As free, for physical memory.
+  Status release(PhysicalHandle handle, std::size_t bytes) override;
+
+  /// Sets what answers other processes' trim requests and reports cached
+  /// memory, and starts the background thread. A process with a quota never
+  /// answers (its trim would give no one else budget); it still reports.
+  void set_trim_hooks(TrimHooks hooks);
+  /// Removes the hooks, waiting for a call in progress to return. Call before
+  /// the pool the hooks refer to is destroyed.
+  void clear_trim_hooks();
+  /// Whether another process has posted a trim request this process has not
+  /// answered yet: one atomic load, cheap enough for every allocator call.
+  bool trim_requested() const noexcept;
+  /// Answers pending trim requests now through the hooks (not from inside a
+  /// device call: the pool's trim takes the pool's lock). Returns the bytes
+  /// released.
+  std::size_t answer_trim_requests();
+
+  /// Bytes this process has reserved in the ledger.
+  std::size_t reserved_bytes() const;
+  /// This process's quota; 0: none.
+  std::size_t quota_bytes() const;
+  /// The ledger this device reserves in.
+  Ledger& ledger() const;
+
+ private:
+  struct State;
+  explicit LedgerDevice(std::shared_ptr<Device> upstream, std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tidepool
