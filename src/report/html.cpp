@@ -41,11 +41,13 @@ std::string script_safe(std::string json) {
   return json;
 }
 
+/// x from the series' start (a trace's times are since the epoch).
 Json points(const std::vector<trace::SeriesPoint>& series, bool live) {
   Json xs = Json::array();
   Json ys = Json::array();
+  const std::int64_t origin = series.empty() ? 0 : series.front().x;
   for (const trace::SeriesPoint& point : series) {
-    xs.push_back(point.x);
+    xs.push_back(point.x - origin);
     ys.push_back(live ? point.live_bytes : point.reserved_bytes);
   }
   return Json{{"x", std::move(xs)}, {"y", std::move(ys)}};
@@ -75,7 +77,7 @@ Json chart_data(std::span<const trace::TraceReplay> replays) {
       lines.push_back(std::move(line));
     }
     charts.push_back(Json{{"title", replay.trace_name},
-                          {"x_label", replay.timed ? "time (us)" : "event"},
+                          {"x_label", replay.timed ? "time since the first event (us)" : "event"},
                           {"lines", std::move(lines)}});
   }
   return charts;
