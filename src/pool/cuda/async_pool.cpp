@@ -1,0 +1,277 @@
+#include "tidepool/async_pool.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "device/cuda/cuda_api.hpp"
+#include "pool/usage_counters.hpp"
+#include "tidepool/cuda_device.hpp"
+#include "tidepool/units.hpp"
+
+namespace tidepool {
+namespace {
+
+using cuda::runtime_error;
+using cuda::ScopedDevice;
+
+std::string hex(const void* ptr) {
+  char text[2 + 16 + 1];
+  std::snprintf(text, sizeof text, "%p", ptr);
+  return text;
+}
+
+cudaStream_t to_cuda(Stream stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+// Stats count sizes rounded as the other pools round them, so the modes compare.
+constexpr std::size_t kStatsGranule = kMinAlignment;
+
+// How many freed pointers are remembered to tell a double free from a
+// pointer never handed out (as PassthroughPool does).
+constexpr std::size_t kRecentFrees = 1024;
+
+}  // namespace
+
+struct AsyncPool::State {
+  struct Live {
+    std::size_t bytes = 0;  // as requested
+    Stream stream = kDefaultStream;
+  };
+
+  std::shared_ptr<Device> device;
+  CudaDevice* cuda_device = nullptr;  // under device's decorators
+  int ordinal = 0;
+  cudaMemPool_t pool = nullptr;
+  std::size_t bytes_limit = 0;
+  std::size_t release_threshold = 0;
+
+  mutable std::mutex mutex;  // guards the rest, and orders the driver calls with the counts
+  std::unordered_map<void*, Live> live;
+  std::array<void*, kRecentFrees> recent_frees{};  // a ring of freed pointers
+  std::size_t next_recent = 0;
+  pool::UsageCounters usage;
+
+  std::string who() const { return "cuda_async pool on cuda:" + std::to_string(ordinal); }
+
+  /// A cudaMemPoolAttr* byte count; 0 when the driver does not answer.
+  std::size_t attribute(cudaMemPoolAttr which) const {
+    std::uint64_t value = 0;
+    if (cudaMemPoolGetAttribute(pool, which, &value) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return static_cast<std::size_t>(value);
+  }
+
+  void forget_recent_free(void* ptr) {
+    std::replace(recent_frees.begin(), recent_frees.end(), ptr, static_cast<void*>(nullptr));
+  }
+  void remember_free(void* ptr) {
+    recent_frees[next_recent] = ptr;
+    next_recent = (next_recent + 1) % kRecentFrees;
+  }
+};
+
+Expected<std::unique_ptr<AsyncPool>> AsyncPool::create(std::shared_ptr<Device> device,
+                                                       AsyncPoolOptions options) {
+  if (!device) return Error(Errc::invalid_argument, "AsyncPool: no device");
+  CudaDevice* cuda_device = find_cuda_device(*device);
+  if (cuda_device == nullptr) {
+    return Error(Errc::unsupported, "the cuda_async pool needs the CUDA device (TIDEPOOL_DEVICE=cuda); " +
+                                        device->description() + " is not one");
+  }
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  s.cuda_device = cuda_device;
+  s.ordinal = cuda_device->ordinal();
+  s.bytes_limit = options.bytes_limit != 0 ? options.bytes_limit : device->mem_info().total_bytes;
+  s.release_threshold = options.release_threshold.value_or(s.bytes_limit);
+  s.device = std::move(device);
+
+  ScopedDevice current(s.ordinal);
+  if (!current.status()) return current.status().error();
+  int pools_supported = 0;
+  if (cudaError_t error =
+          cudaDeviceGetAttribute(&pools_supported, cudaDevAttrMemoryPoolsSupported, s.ordinal);
+      error != cudaSuccess) {
+    return runtime_error(s.who() + ": cudaDeviceGetAttribute(MemoryPoolsSupported)", error);
+  }
+  if (pools_supported == 0) {
+    return Error(Errc::unsupported, s.who() + ": " + cuda_device->name() +
+                                        " does not support stream-ordered memory pools");
+  }
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = s.ordinal;
+  if (cudaError_t error = cudaMemPoolCreate(&s.pool, &props); error != cudaSuccess) {
+    return runtime_error(s.who() + ": cudaMemPoolCreate", error);
+  }
+  // From here the pool is destroyed with the object on any failure.
+  auto pool = std::unique_ptr<AsyncPool>(new AsyncPool(std::move(state)));
+  State& made = *pool->state_;
+  std::uint64_t threshold = made.release_threshold;
+  if (cudaError_t error = cudaMemPoolSetAttribute(made.pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+      error != cudaSuccess) {
+    return runtime_error(made.who() + ": setting the release threshold to " +
+                             std::to_string(made.release_threshold),
+                         error);
+  }
+  if (options.preallocate) {
+    // XLA: allocate the pool size once and free it, then clear the counts,
+    // so the pool holds the memory (kept while within the release threshold).
+    Expected<void*> block = pool->allocate(made.bytes_limit);
+    if (!block) return std::move(block).error();
+    if (Status freed = pool->deallocate(*block); !freed) return std::move(freed).error();
+    if (cudaError_t error = cudaStreamSynchronize(to_cuda(kDefaultStream)); error != cudaSuccess) {
+      return runtime_error(made.who() + ": cudaStreamSynchronize after preallocation", error);
+    }
+    std::lock_guard lock(made.mutex);
+    made.usage.num_allocs = 0;
+    made.usage.peak_bytes_in_use = made.usage.bytes_in_use;
+    made.usage.largest_alloc_size = 0;
+  }
+  return pool;
+}
+
+AsyncPool::AsyncPool(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+AsyncPool::~AsyncPool() {
+  State& s = *state_;
+  ScopedDevice current(s.ordinal);
+  if (!s.live.empty()) {
+    // The streams the live blocks were allocated on may be gone by now: wait
+    // for all work, then free them on the default stream.
+    (void)cudaDeviceSynchronize();
+    for (const auto& [ptr, live] : s.live) (void)cudaFreeAsync(ptr, to_cuda(kDefaultStream));
+    (void)cudaStreamSynchronize(to_cuda(kDefaultStream));
+  }
+  (void)cudaMemPoolDestroy(s.pool);
+  (void)cudaGetLastError();
+}
+
+Expected<void*> AsyncPool::allocate(std::size_t bytes, Stream stream) {
+  if (bytes == 0) return static_cast<void*>(nullptr);
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  ScopedDevice current(s.ordinal);
+  if (!current.status()) return current.status().error();
+  void* ptr = nullptr;
+  cudaError_t error = cudaMallocFromPoolAsync(&ptr, bytes, s.pool, to_cuda(stream));
+  if (error == cudaErrorMemoryAllocation) {
+    // As XLA: waiting for the stream lets the driver reuse the memory of
+    // frees still in flight, which can turn an OOM into a success.
+    (void)cudaGetLastError();
+    (void)cudaStreamSynchronize(to_cuda(stream));
+    error = cudaMallocFromPoolAsync(&ptr, bytes, s.pool, to_cuda(stream));
+  }
+  if (error != cudaSuccess) {
+    const Error cuda_said = runtime_error("cudaMallocFromPoolAsync", error);
+    if (cuda_said.code() != Errc::out_of_memory) {
+      return Error(cuda_said.code(), s.who() + ": " + cuda_said.message() + " (" +
+                                         std::to_string(bytes) + " bytes)");
+    }
+    ++s.usage.num_ooms;
+    const std::size_t reserved = s.attribute(cudaMemPoolAttrReservedMemCurrent);
+    const std::size_t used = s.attribute(cudaMemPoolAttrUsedMemCurrent);
+    OomReport report;
+    report.requested_bytes = bytes;
+    report.bytes_in_use = static_cast<std::size_t>(s.usage.bytes_in_use);
+    report.bytes_reserved = reserved;
+    report.device_free_bytes = s.cuda_device->mem_info().free_bytes;
+    report.largest_free_block_bytes = reserved > used ? reserved - used : 0;
+    report.hint = cuda_said.message() + "; the device is full: another process or allocator "
+                  "holds the rest of it";
+    return Error::out_of_memory(s.who(), std::move(report));
+  }
+  s.live.emplace(ptr, State::Live{bytes, stream});
+  s.forget_recent_free(ptr);
+  s.usage.allocated(round_up(bytes, kStatsGranule));
+  return ptr;
+}
+
+Status AsyncPool::deallocate(void* ptr, Stream stream) {
+  if (ptr == nullptr) return {};
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  const auto found = s.live.find(ptr);
+  if (found == s.live.end()) {
+    if (std::find(s.recent_frees.begin(), s.recent_frees.end(), ptr) != s.recent_frees.end()) {
+      return Error(Errc::double_free, s.who() + ": free of " + hex(ptr) + ": freed already");
+    }
+    return Error(Errc::invalid_pointer,
+                 s.who() + ": free of " + hex(ptr) + ": not a pointer this allocator handed out");
+  }
+  ScopedDevice current(s.ordinal);
+  if (!current.status()) return current.status().error();
+  if (cudaError_t error = cudaFreeAsync(ptr, to_cuda(stream)); error != cudaSuccess) {
+    return runtime_error(s.who() + ": cudaFreeAsync of " + hex(ptr), error);
+  }
+  s.usage.freed(round_up(found->second.bytes, kStatsGranule));
+  s.live.erase(found);
+  s.remember_free(ptr);
+  return {};
+}
+
+Stats AsyncPool::stats() const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  ScopedDevice current(s.ordinal);
+  Stats stats = s.usage.to_stats();
+  const std::size_t reserved = s.attribute(cudaMemPoolAttrReservedMemCurrent);
+  const std::size_t used = s.attribute(cudaMemPoolAttrUsedMemCurrent);
+  stats.bytes_limit = static_cast<std::int64_t>(s.bytes_limit);
+  stats.bytes_reserved = static_cast<std::int64_t>(reserved);
+  stats.pool_bytes = stats.bytes_reserved;
+  stats.peak_bytes_reserved = static_cast<std::int64_t>(s.attribute(cudaMemPoolAttrReservedMemHigh));
+  stats.peak_pool_bytes = stats.peak_bytes_reserved;
+  stats.largest_free_block_bytes = static_cast<std::int64_t>(reserved > used ? reserved - used : 0);
+  stats.num_device_allocs = 0;
+  stats.num_device_frees = 0;
+  return stats;
+}
+
+std::size_t AsyncPool::trim() {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  ScopedDevice current(s.ordinal);
+  if (!current.status()) return 0;
+  const std::size_t before = s.attribute(cudaMemPoolAttrReservedMemCurrent);
+  // Only memory whose frees have completed can go back: wait for them all.
+  (void)cudaDeviceSynchronize();
+  (void)cudaMemPoolTrimTo(s.pool, 0);
+  (void)cudaGetLastError();
+  const std::size_t after = s.attribute(cudaMemPoolAttrReservedMemCurrent);
+  return before > after ? before - after : 0;
+}
+
+std::string AsyncPool::dump() const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  ScopedDevice current(s.ordinal);
+  std::vector<std::pair<void*, State::Live>> blocks(s.live.begin(), s.live.end());
+  std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out = s.who() + " (" + s.device->description() + "): limit " +
+                    format_bytes(s.bytes_limit) + ", release threshold " +
+                    format_bytes(s.release_threshold) + ", reserved " +
+                    format_bytes(s.attribute(cudaMemPoolAttrReservedMemCurrent)) + " (peak " +
+                    format_bytes(s.attribute(cudaMemPoolAttrReservedMemHigh)) + "), driver used " +
+                    format_bytes(s.attribute(cudaMemPoolAttrUsedMemCurrent)) + ", " +
+                    std::to_string(blocks.size()) + " live blocks, " +
+                    format_bytes(static_cast<std::size_t>(s.usage.bytes_in_use)) + " in use\n";
+  for (const auto& [ptr, live] : blocks) {
+    out += "  in use " + hex(ptr) + " " + format_bytes(live.bytes) + " stream " +
+           std::to_string(live.stream) + "\n";
+  }
+  return out;
+}
+
+Device& AsyncPool::device() const { return *state_->device; }
+
+}  // namespace tidepool
