@@ -97,11 +97,13 @@ class Pipe {
         buffer_.erase(0, newline + 1);
         return line;
       }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::nullopt;
       pollfd descriptor{fds_[0], POLLIN, 0};
       if (poll(&descriptor, 1, static_cast<int>(left.count())) <= 0) continue;
-      char chunk[512];
+      // One byte at a time: several readers share a pipe, and none may take
+      // another's line.
+      char chunk[1];
       const ssize_t n = ::read(fds_[0], chunk, sizeof chunk);
       if (n <= 0) return std::nullopt;
       buffer_.append(chunk, static_cast<std::size_t>(n));
