@@ -44,7 +44,9 @@ std::vector<Row> configuration_rows(const Config& config, const Device& device) 
                       : format_bytes(config.bytes_limit(total)),
                   "mem_fraction x device total", ""});
   rows.push_back(row("preallocate", config.preallocate, config.preallocate.value ? "true" : "false"));
-  rows.push_back(row("device", config.device, std::string(device_kind_name(config.device.value))));
+  Row device_row = row("device", config.device, std::string(device_kind_name(config.device.value)));
+  if (config.device.is_default()) device_row.source += " (" + default_device_reason() + ")";
+  rows.push_back(std::move(device_row));
   rows.push_back(row("host_capacity", config.host_capacity, format_bytes(config.host_capacity.value)));
   rows.push_back(row("release_threshold", config.release_threshold,
                      config.release_threshold.value ? format_bytes(*config.release_threshold.value)

@@ -51,6 +51,9 @@ std::string_view device_kind_name(DeviceKind kind) noexcept;
 /// The device used when TIDEPOOL_DEVICE is unset: cuda when a CUDA device is
 /// present in this build, else host.
 DeviceKind default_device_kind();
+/// Why default_device_kind() chose its device, for `tidepool info`: "a CUDA
+/// device is present", "no CUDA device: <why>" or "this build has no CUDA device".
+std::string default_device_reason();
 
 /// A per-process share of the device for the ledger: bytes, or a fraction of
 /// the device's total. Exactly one of the two is non-zero.

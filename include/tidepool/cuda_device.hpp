@@ -120,6 +120,7 @@ class CudaDevice final : public Device {
 /// The CudaDevice under `device`'s decorators (DeviceAdaptor::upstream), or
 /// null when there is none (e.g. a HostDevice).
 CudaDevice* find_cuda_device(Device& device);
+const CudaDevice* find_cuda_device(const Device& device);
 
 /// A CUDA stream of one device (cudaStreamNonBlocking), destroyed with the
 /// object. For tests, benchmarks and callers that need a second stream.

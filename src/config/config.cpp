@@ -11,6 +11,9 @@
 #include <utility>
 
 #include "tidepool/units.hpp"
+#ifdef TIDEPOOL_HAVE_CUDA
+#include "tidepool/cuda_device.hpp"
+#endif
 
 extern char** environ;  // POSIX: the process environment, for spotting misspelt names
 
@@ -411,8 +414,21 @@ std::string_view device_kind_name(DeviceKind kind) noexcept {
 }
 
 DeviceKind default_device_kind() {
-  // The CUDA device's detection goes here once it exists in this build.
+#ifdef TIDEPOOL_HAVE_CUDA
+  return cuda_availability().available() ? DeviceKind::cuda : DeviceKind::host;
+#else
   return DeviceKind::host;
+#endif
+}
+
+std::string default_device_reason() {
+#ifdef TIDEPOOL_HAVE_CUDA
+  const CudaAvailability cuda = cuda_availability();
+  if (cuda.available()) return "a CUDA device is present";
+  return "no CUDA device: " + cuda.reason;
+#else
+  return "this build has no CUDA device";
+#endif
 }
 
 std::size_t Quota::resolve(std::size_t device_total) const noexcept {

@@ -7,6 +7,10 @@
 #include "tidepool/config.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/passthrough_pool.hpp"
+#ifdef TIDEPOOL_HAVE_CUDA
+#include "tidepool/async_pool.hpp"
+#include "tidepool/cuda_device.hpp"
+#endif
 
 namespace tidepool {
 namespace {
@@ -36,10 +40,20 @@ Expected<std::shared_ptr<Device>> make_device(const Config& config) {
       device = std::move(*host);
       break;
     }
-    case DeviceKind::cuda:
+    case DeviceKind::cuda: {
+#ifdef TIDEPOOL_HAVE_CUDA
+      auto cuda = CudaDevice::create(0);
+      if (!cuda) {
+        return Error(cuda.error().code(), config.device.source + "=cuda: " + cuda.error().message());
+      }
+      device = std::move(*cuda);
+      break;
+#else
       return Error(Errc::unsupported,
                    "TIDEPOOL_DEVICE=cuda: this build of tidepool has no CUDA device "
                    "(it was built without the CUDA toolkit); allowed here: host");
+#endif
+    }
   }
 
   // Decorators over the device, innermost first. The cross-process ledger
@@ -58,8 +72,15 @@ Status mode_supported(Mode mode, const Device& device) {
       (void)device;
       return unavailable(mode, "the expandable pool is not part of this build yet");
     case Mode::cuda_async:
+#ifdef TIDEPOOL_HAVE_CUDA
+      if (find_cuda_device(device) == nullptr)
+        return unavailable(mode, "it needs the CUDA device (TIDEPOOL_DEVICE=cuda), not " +
+                                     device.description());
+      return {};
+#else
       return unavailable(mode, "it needs the CUDA device (TIDEPOOL_DEVICE=cuda), which this "
                                "build lacks");
+#endif
   }
   return unavailable(mode, "unknown mode");
 }
@@ -86,9 +107,23 @@ Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& con
       // XLA's platform allocator ignores the memory fraction: it takes what
       // it is asked for until the device says no.
       return std::unique_ptr<Allocator>(std::make_unique<PassthroughPool>(std::move(device)));
+    case Mode::cuda_async: {
+#ifdef TIDEPOOL_HAVE_CUDA
+      // XLA: the pool size (fraction x total) is the release threshold unless
+      // one is set, and PREALLOCATE reserves it up front.
+      AsyncPoolOptions options;
+      options.bytes_limit = bytes_limit;
+      options.release_threshold = config.release_threshold.value;
+      options.preallocate = config.preallocate.value;
+      auto pool = AsyncPool::create(std::move(device), options);
+      if (!pool) return std::move(pool).error();
+      return std::unique_ptr<Allocator>(std::move(*pool));
+#else
+      break;  // refused by mode_supported
+#endif
+    }
     case Mode::expandable:
-    case Mode::cuda_async:
-      break;  // refused by mode_supported until their pools are built in
+      break;  // refused by mode_supported until its pool is built in
   }
   return unavailable(mode, "unknown mode");
 }

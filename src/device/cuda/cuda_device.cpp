@@ -539,14 +539,18 @@ Status CudaDevice::synchronize(Stream stream) {
   return {};
 }
 
-CudaDevice* find_cuda_device(Device& device) {
-  Device* current = &device;
+const CudaDevice* find_cuda_device(const Device& device) {
+  const Device* current = &device;
   while (current != nullptr) {
-    if (auto* cuda_device = dynamic_cast<CudaDevice*>(current)) return cuda_device;
-    auto* adaptor = dynamic_cast<DeviceAdaptor*>(current);
+    if (const auto* cuda_device = dynamic_cast<const CudaDevice*>(current)) return cuda_device;
+    const auto* adaptor = dynamic_cast<const DeviceAdaptor*>(current);
     current = adaptor != nullptr ? &adaptor->upstream() : nullptr;
   }
   return nullptr;
+}
+
+CudaDevice* find_cuda_device(Device& device) {
+  return const_cast<CudaDevice*>(find_cuda_device(std::as_const(device)));
 }
 
 Expected<CudaStream> CudaStream::create(const CudaDevice& device) {
