@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pool/live_blocks.hpp"
 #include "pool/usage_counters.hpp"
 #include "tidepool/units.hpp"
 
@@ -22,27 +23,13 @@ std::string hex(const void* ptr) {
 // Stats count sizes rounded as the other pools round them, so the modes compare.
 constexpr std::size_t kStatsGranule = kMinAlignment;
 
-// How many freed pointers are remembered to tell a double free from a
-// pointer never handed out.
-constexpr std::size_t kRecentFrees = 1024;
-
 }  // namespace
 
 struct PassthroughPool::State {
-  struct Live {
-    std::size_t bytes = 0;  // as passed to Device::allocate
-    Stream stream = kDefaultStream;
-  };
   std::size_t bytes_limit = 0;
   mutable std::mutex mutex;
-  std::unordered_map<void*, Live> live;
-  std::array<void*, kRecentFrees> recent_frees{};  // a ring of freed pointers
-  std::size_t next_recent = 0;
+  pool::LiveBlocks live;  // bytes as passed to Device::allocate
   pool::UsageCounters usage;
-
-  void forget_recent_free(void* ptr) {
-    std::replace(recent_frees.begin(), recent_frees.end(), ptr, static_cast<void*>(nullptr));
-  }
 };
 
 PassthroughPool::PassthroughPool(std::shared_ptr<Device> device, std::size_t bytes_limit)
@@ -51,7 +38,7 @@ PassthroughPool::PassthroughPool(std::shared_ptr<Device> device, std::size_t byt
 }
 
 PassthroughPool::~PassthroughPool() {
-  for (const auto& [ptr, live] : state_->live) (void)device_->free(ptr, live.bytes);
+  for (const auto& [ptr, live] : state_->live.map()) (void)device_->free(ptr, live.bytes);
 }
 
 Expected<void*> PassthroughPool::allocate(std::size_t bytes, Stream stream) {
@@ -82,8 +69,7 @@ Expected<void*> PassthroughPool::allocate(std::size_t bytes, Stream stream) {
     return out_of_memory("the device has only " + format_bytes(device_->mem_info().free_bytes) +
                          " free: another process or allocator holds the rest of it");
   }
-  s.live.emplace(*ptr, State::Live{bytes, stream});
-  s.forget_recent_free(*ptr);
+  s.live.add(*ptr, {bytes, stream});
   s.usage.reserved(rounded);
   s.usage.allocated(rounded);
   return ptr;
@@ -93,23 +79,15 @@ Status PassthroughPool::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return {};
   State& s = *state_;
   std::lock_guard lock(s.mutex);
-  const auto found = s.live.find(ptr);
-  if (found == s.live.end()) {
-    if (std::find(s.recent_frees.begin(), s.recent_frees.end(), ptr) != s.recent_frees.end()) {
-      return Error(Errc::double_free, "platform allocator: free of " + hex(ptr) + ": freed already");
-    }
-    return Error(Errc::invalid_pointer,
-                 "platform allocator: free of " + hex(ptr) + ": not a pointer this allocator handed out");
-  }
+  auto found = s.live.find(ptr, "platform allocator");
+  if (!found) return std::move(found).error();
   // The device frees at once (cudaFree waits for the device), so the stream
   // needs no synchronizing here beyond what the device does.
   (void)stream;
-  const std::size_t bytes = found->second.bytes;
+  const std::size_t bytes = (*found)->second.bytes;
   Status freed = device_->free(ptr, bytes);
   if (!freed) return freed;
-  s.live.erase(found);
-  s.recent_frees[s.next_recent] = ptr;
-  s.next_recent = (s.next_recent + 1) % kRecentFrees;
+  s.live.erase(*found);
   const std::size_t rounded = round_up(bytes, kStatsGranule);
   s.usage.freed(rounded);
   s.usage.released(rounded);
@@ -125,7 +103,7 @@ Stats PassthroughPool::stats() const {
 
 std::string PassthroughPool::dump() const {
   std::lock_guard lock(state_->mutex);
-  std::vector<std::pair<void*, State::Live>> blocks(state_->live.begin(), state_->live.end());
+  std::vector<std::pair<void*, pool::LiveBlock>> blocks(state_->live.map().begin(), state_->live.map().end());
   std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::string out = "platform allocator on " + device_->description() + ": limit " +
                     format_bytes(state_->bytes_limit) + ", " + std::to_string(blocks.size()) + " live blocks, " +

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "device/cuda/cuda_api.hpp"
+#include "pool/live_blocks.hpp"
 #include "pool/usage_counters.hpp"
 #include "tidepool/cuda_device.hpp"
 #include "tidepool/units.hpp"
@@ -31,18 +32,10 @@ cudaStream_t to_cuda(Stream stream) { return reinterpret_cast<cudaStream_t>(stre
 // Stats count sizes rounded as the other pools round them, so the modes compare.
 constexpr std::size_t kStatsGranule = kMinAlignment;
 
-// How many freed pointers are remembered to tell a double free from a
-// pointer never handed out (as PassthroughPool does).
-constexpr std::size_t kRecentFrees = 1024;
 
 }  // namespace
 
 struct AsyncPool::State {
-  struct Live {
-    std::size_t bytes = 0;  // as requested
-    Stream stream = kDefaultStream;
-  };
-
   std::shared_ptr<Device> device;
   CudaDevice* cuda_device = nullptr;  // under device's decorators
   int ordinal = 0;
@@ -51,9 +44,7 @@ struct AsyncPool::State {
   std::size_t release_threshold = 0;
 
   mutable std::mutex mutex;  // guards the rest, and orders the driver calls with the counts
-  std::unordered_map<void*, Live> live;
-  std::array<void*, kRecentFrees> recent_frees{};  // a ring of freed pointers
-  std::size_t next_recent = 0;
+  pool::LiveBlocks live;  // bytes as requested
   pool::UsageCounters usage;
 
   std::string who() const { return "cuda_async pool on cuda:" + std::to_string(ordinal); }
@@ -66,14 +57,6 @@ struct AsyncPool::State {
       return 0;
     }
     return static_cast<std::size_t>(value);
-  }
-
-  void forget_recent_free(void* ptr) {
-    std::replace(recent_frees.begin(), recent_frees.end(), ptr, static_cast<void*>(nullptr));
-  }
-  void remember_free(void* ptr) {
-    recent_frees[next_recent] = ptr;
-    next_recent = (next_recent + 1) % kRecentFrees;
   }
 };
 
@@ -145,11 +128,11 @@ AsyncPool::AsyncPool(std::unique_ptr<State> state) : state_(std::move(state)) {}
 AsyncPool::~AsyncPool() {
   State& s = *state_;
   ScopedDevice current(s.ordinal);
-  if (!s.live.empty()) {
+  if (!s.live.map().empty()) {
     // The streams the live blocks were allocated on may be gone by now: wait
     // for all work, then free them on the default stream.
     (void)cudaDeviceSynchronize();
-    for (const auto& [ptr, live] : s.live) (void)cudaFreeAsync(ptr, to_cuda(kDefaultStream));
+    for (const auto& [ptr, live] : s.live.map()) (void)cudaFreeAsync(ptr, to_cuda(kDefaultStream));
     (void)cudaStreamSynchronize(to_cuda(kDefaultStream));
   }
   (void)cudaMemPoolDestroy(s.pool);
@@ -190,8 +173,7 @@ Expected<void*> AsyncPool::allocate(std::size_t bytes, Stream stream) {
                   "holds the rest of it";
     return Error::out_of_memory(s.who(), std::move(report));
   }
-  s.live.emplace(ptr, State::Live{bytes, stream});
-  s.forget_recent_free(ptr);
+  s.live.add(ptr, {bytes, stream});
   s.usage.allocated(round_up(bytes, kStatsGranule));
   return ptr;
 }
@@ -200,22 +182,15 @@ Status AsyncPool::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return {};
   State& s = *state_;
   std::lock_guard lock(s.mutex);
-  const auto found = s.live.find(ptr);
-  if (found == s.live.end()) {
-    if (std::find(s.recent_frees.begin(), s.recent_frees.end(), ptr) != s.recent_frees.end()) {
-      return Error(Errc::double_free, s.who() + ": free of " + hex(ptr) + ": freed already");
-    }
-    return Error(Errc::invalid_pointer,
-                 s.who() + ": free of " + hex(ptr) + ": not a pointer this allocator handed out");
-  }
+  auto found = s.live.find(ptr, s.who());
+  if (!found) return std::move(found).error();
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   if (cudaError_t error = cudaFreeAsync(ptr, to_cuda(stream)); error != cudaSuccess) {
     return runtime_error(s.who() + ": cudaFreeAsync of " + hex(ptr), error);
   }
-  s.usage.freed(round_up(found->second.bytes, kStatsGranule));
-  s.live.erase(found);
-  s.remember_free(ptr);
+  s.usage.freed(round_up((*found)->second.bytes, kStatsGranule));
+  s.live.erase(*found);
   return {};
 }
 
@@ -255,7 +230,7 @@ std::string AsyncPool::dump() const {
   const State& s = *state_;
   std::lock_guard lock(s.mutex);
   ScopedDevice current(s.ordinal);
-  std::vector<std::pair<void*, State::Live>> blocks(s.live.begin(), s.live.end());
+  std::vector<std::pair<void*, pool::LiveBlock>> blocks(s.live.map().begin(), s.live.map().end());
   std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::string out = s.who() + " (" + s.device->description() + "): limit " +
                     format_bytes(s.bytes_limit) + ", release threshold " +
