@@ -2,6 +2,7 @@
 // a trace that breaks the model (summarize() checks every invariant).
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
@@ -9,19 +10,24 @@
 
 namespace tp = tidepool::trace;
 
-static void check(const tidepool::Expected<tp::Trace>& trace) {
+static void check(const char* reader, const tidepool::Expected<tp::Trace>& trace) {
   if (!trace) {
-    if (trace.error().message().empty()) std::abort();  // every refusal says why
-    return;
+    if (!trace.error().message().empty()) return;
+    std::fprintf(stderr, "%s refused an input without saying why\n", reader);
+    std::abort();
   }
-  if (!tp::summarize(*trace)) std::abort();  // a reader accepted a broken trace
+  if (auto summary = tp::summarize(*trace); !summary) {
+    std::fprintf(stderr, "%s accepted a broken trace: %s\n", reader,
+                 summary.error().message().c_str());
+    std::abort();
+  }
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
-  check(tp::read_pytorch_snapshot(input, "fuzz"));
-  check(tp::read_rmm_csv(input, "fuzz"));
-  check(tp::read_tidepool(input, "fuzz"));
-  check(tp::parse_trace(input, "fuzz"));
+  check("read_pytorch_snapshot", tp::read_pytorch_snapshot(input, "fuzz"));
+  check("read_rmm_csv", tp::read_rmm_csv(input, "fuzz"));
+  check("read_tidepool", tp::read_tidepool(input, "fuzz"));
+  check("parse_trace", tp::parse_trace(input, "fuzz"));
   return 0;
 }

@@ -2,6 +2,7 @@
 // `_snapshot`): a dict with `segments` (allocator state at dump time) and
 // `device_traces`, one list of trace entries per device, each a dict with
 // `action`, `addr`, `size`, `stream`, `frames` and, in newer versions, `time_us`.
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 
@@ -165,6 +166,7 @@ class SnapshotReader {
     } else {
       event.op = is_segment_alloc ? Op::segment_alloc : Op::segment_free;
       net_segment_bytes_ += is_segment_alloc ? *size : -*size;
+      lowest_net_segment_bytes_ = std::min(lowest_net_segment_bytes_, net_segment_bytes_);
       trace.has_segments = true;
     }
     trace.events.push_back(event);
@@ -172,14 +174,16 @@ class SnapshotReader {
   }
 
   // Segments existed before the window when the bytes reserved at dump time
-  // exceed what the window's segment events added; those bytes become one
-  // segment_alloc at the start.
+  // exceed what the window's segment events added, or when the window returns
+  // more than it took; the larger of the two becomes one segment_alloc at the
+  // start.
   Status add_reserved_before(const Node& root, int device, Trace& trace) const {
     const Node* segments = doc_.find(root, "segments");
-    if (segments == nullptr) return {};
-    if (segments->kind != Kind::list) return fail(type_error("segments", *segments, "list"));
+    if (segments != nullptr && segments->kind != Kind::list) {
+      return fail(type_error("segments", *segments, "list"));
+    }
     std::int64_t reserved_at_dump = 0;
-    for (std::size_t i = 0; i < segments->items.size(); ++i) {
+    for (std::size_t i = 0; segments != nullptr && i < segments->items.size(); ++i) {
       const Node& segment = doc_.node(segments->items[i]);
       const std::string where = "segments[" + std::to_string(i) + "]";
       if (segment.kind != Kind::dict) return fail(type_error(where, segment, "dict"));
@@ -191,9 +195,9 @@ class SnapshotReader {
       if (*total < 0) return fail(where + "['total_size'] is negative");
       reserved_at_dump += *total;
     }
-    const std::int64_t before = reserved_at_dump - net_segment_bytes_;
-    // A negative figure means the segments do not describe this window (an
-    // inconsistent snapshot): the window's own segment events are all we know.
+    // The window's own events prove at least -lowest was held before it, even
+    // when the dump's segment list is inconsistent with them.
+    const std::int64_t before = std::max(reserved_at_dump - net_segment_bytes_, -lowest_net_segment_bytes_);
     if (before <= 0) return {};
     Event event;
     event.op = Op::segment_alloc;
@@ -215,6 +219,7 @@ class SnapshotReader {
   std::string path_;
   std::unordered_map<std::uint64_t, Live> live_;
   std::int64_t net_segment_bytes_ = 0;
+  std::int64_t lowest_net_segment_bytes_ = 0;  // the running sum's minimum
 };
 
 }  // namespace

@@ -178,6 +178,26 @@ TEST(PytorchSnapshot, SegmentEventsAndTheReservedBytesBeforeTheWindow) {
   EXPECT_EQ(summary->segment_bytes_at_end, static_cast<std::uint64_t>(22 * M));
 }
 
+TEST(PytorchSnapshot, AWindowThatReturnsMoreThanTheDumpHeldStillBalances) {
+  // Found by the trace_reader fuzzer: the dump lists no segment on this
+  // device, yet the window unmaps 2 MiB before mapping any. The window itself
+  // proves 2 MiB were held before it, so the trace starts with them.
+  constexpr std::int64_t M = 1 << 20;
+  const std::string data = build::snapshot(
+      {{build::entry("segment_unmap", 0x100000, 2 * M, 0, 1), build::entry("alloc", 0x100000, 512, 0, 2),
+        build::entry("segment_free", 0x300000, 4 * M, 0, 3), build::entry("segment_alloc", 0x300000, 8 * M, 0, 4)}},
+      {build::segment(1, 0x0, 64 * M)});
+  auto trace = read_pytorch_snapshot(data, "inconsistent");
+  ASSERT_TRUE(trace) << trace.error().message();
+  ASSERT_EQ(trace->events.size(), 5u);
+  EXPECT_EQ(trace->events[0].op, Op::segment_alloc);
+  EXPECT_EQ(trace->events[0].bytes, static_cast<std::uint64_t>(6 * M));
+  auto summary = summarize(*trace);
+  ASSERT_TRUE(summary) << summary.error().message();
+  EXPECT_EQ(summary->peak_segment_bytes, static_cast<std::uint64_t>(8 * M));
+  EXPECT_EQ(summary->segment_bytes_at_end, static_cast<std::uint64_t>(8 * M));
+}
+
 TEST(PytorchSnapshot, ChoosesTheDeviceWithEventsOrTheOneAskedFor) {
   const std::string data = build::snapshot({{}, {build::entry("alloc", 0x10, 64)}});
   auto chosen = read_pytorch_snapshot(data, "two");
