@@ -1,5 +1,5 @@
 // Byte sizes: parsing what users type ("80GiB", "512MiB", "4096") and printing
-// sizes people can read. Shared by config, the command and the reports.
+// sizes (and addresses) people can read. Shared by config, the command and the reports.
 #pragma once
 
 #include <cstddef>
@@ -32,5 +32,10 @@ Expected<std::size_t> parse_bytes(std::string_view text);
 
 /// "1.50 GiB", "256 B", "12.0 MiB": three significant digits, binary units.
 std::string format_bytes(std::size_t bytes);
+
+/// "0x7f3a2c000000": an address as error messages and dump() print it
+/// (lower-case hex digits, no padding; null is "0x0").
+std::string format_address(std::uintptr_t address);
+std::string format_address(const void* address);
 
 }  // namespace tidepool

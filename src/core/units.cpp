@@ -87,4 +87,14 @@ std::string format_bytes(std::size_t bytes) {
   return buffer;
 }
 
+std::string format_address(std::uintptr_t address) {
+  char buffer[2 + 16 + 1];
+  std::snprintf(buffer, sizeof buffer, "0x%llx", static_cast<unsigned long long>(address));
+  return buffer;
+}
+
+std::string format_address(const void* address) {
+  return format_address(reinterpret_cast<std::uintptr_t>(address));
+}
+
 }  // namespace tidepool

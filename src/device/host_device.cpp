@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -19,18 +18,12 @@
 #include <vector>
 
 #include "device/extent_allocator.hpp"
+#include "tidepool/units.hpp"
 
 namespace tidepool {
 namespace {
 
 using detail::Extent;
-
-std::string hex(std::uintptr_t address) {
-  char text[2 + 16 + 1];
-  std::snprintf(text, sizeof text, "0x%zx", static_cast<std::size_t>(address));
-  return text;
-}
-std::string hex(const void* address) { return hex(reinterpret_cast<std::uintptr_t>(address)); }
 
 std::string os_error(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
@@ -265,17 +258,17 @@ Status HostDevice::free(void* ptr, std::size_t bytes) {
   std::lock_guard lock(s.mutex);
   auto found = s.plain.find(ptr);
   if (found == s.plain.end()) {
-    return Error(Errc::invalid_pointer, s.who() + ": free of " + hex(ptr) +
+    return Error(Errc::invalid_pointer, s.who() + ": free of " + format_address(ptr) +
                                             ", which is not a live allocation of this device "
                                             "(never allocated here, or freed already)");
   }
   if (found->second.bytes != bytes) {
-    return Error(Errc::invalid_argument, s.who() + ": free of " + hex(ptr) + " with " +
+    return Error(Errc::invalid_argument, s.who() + ": free of " + format_address(ptr) + " with " +
                                              std::to_string(bytes) + " bytes, but it was allocated with " +
                                              std::to_string(found->second.bytes));
   }
   if (munmap(ptr, found->second.mapped_bytes) != 0) {
-    return Error(Errc::device_error, s.who() + ": " + os_error(("munmap of " + hex(ptr)).c_str()));
+    return Error(Errc::device_error, s.who() + ": " + os_error(("munmap of " + format_address(ptr)).c_str()));
   }
   s.plain_bytes -= found->second.mapped_bytes;
   s.mappings -= 1;
@@ -334,22 +327,22 @@ Status HostDevice::unreserve(void* va, std::size_t va_bytes) {
   auto found = s.reservations.find(base);
   if (found == s.reservations.end()) {
     return Error(Errc::invalid_argument,
-                 s.who() + ": unreserve of " + hex(va) + ", which is not the start of a reservation");
+                 s.who() + ": unreserve of " + format_address(va) + ", which is not the start of a reservation");
   }
   if (found->second != va_bytes) {
-    return Error(Errc::invalid_argument, s.who() + ": unreserve of " + hex(va) + " with " +
+    return Error(Errc::invalid_argument, s.who() + ": unreserve of " + format_address(va) + " with " +
                                              std::to_string(va_bytes) + " bytes, but it reserved " +
                                              std::to_string(found->second));
   }
   auto mapped = s.maps.lower_bound(base);
   if (mapped != s.maps.end() && mapped->first < base + va_bytes) {
-    return Error(Errc::invalid_argument, s.who() + ": unreserve of " + hex(va) +
+    return Error(Errc::invalid_argument, s.who() + ": unreserve of " + format_address(va) +
                                              ", which still has " +
                                              std::to_string(mapped->second.bytes) +
-                                             " bytes mapped at " + hex(mapped->first));
+                                             " bytes mapped at " + format_address(mapped->first));
   }
   if (munmap(va, va_bytes) != 0) {
-    return Error(Errc::device_error, s.who() + ": " + os_error(("munmap of " + hex(va)).c_str()));
+    return Error(Errc::device_error, s.who() + ": " + os_error(("munmap of " + format_address(va)).c_str()));
   }
   s.reservations.erase(found);
   s.mappings -= 1;
@@ -395,16 +388,16 @@ Status HostDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
   }
   if (target.mapped_at != 0) {
     return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
-                                             ", which is already mapped at " + hex(target.mapped_at));
+                                             ", which is already mapped at " + format_address(target.mapped_at));
   }
   if (!is_aligned(address, s.options.granularity)) {
-    return Error(Errc::invalid_argument, s.who() + ": map at " + hex(va) +
+    return Error(Errc::invalid_argument, s.who() + ": map at " + format_address(va) +
                                              ", which is not aligned to the granularity (" +
                                              std::to_string(s.options.granularity) + ")");
   }
   auto reservation = s.reservation_of(address, bytes);
   if (reservation == s.reservations.end()) {
-    return Error(Errc::invalid_argument, s.who() + ": map of [" + hex(va) + ", +" +
+    return Error(Errc::invalid_argument, s.who() + ": map of [" + format_address(va) + ", +" +
                                              std::to_string(bytes) +
                                              "), which is not inside one reservation");
   }
@@ -416,9 +409,9 @@ Status HostDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
   }
   if (overlapping != s.maps.end()) {
     return Error(Errc::invalid_argument,
-                 s.who() + ": map of [" + hex(va) + ", +" + std::to_string(bytes) +
+                 s.who() + ": map of [" + format_address(va) + ", +" + std::to_string(bytes) +
                      "), which overlaps handle " + std::to_string(overlapping->second.handle) +
-                     " mapped at " + hex(overlapping->first));
+                     " mapped at " + format_address(overlapping->first));
   }
 
   const std::uintptr_t end = reservation->first + reservation->second;
@@ -432,7 +425,7 @@ Status HostDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
     void* placed = mmap(reinterpret_cast<void*>(at), extent.bytes, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_FIXED, s.memfd, static_cast<off_t>(extent.offset));
     if (placed == MAP_FAILED) {
-      Error error(Errc::device_error, s.who() + ": " + os_error(("map at " + hex(at)).c_str()));
+      Error error(Errc::device_error, s.who() + ": " + os_error(("map at " + format_address(at)).c_str()));
       s.restore_reserved(address, at - address);
       return error;
     }
@@ -456,10 +449,10 @@ Status HostDevice::unmap(void* va, std::size_t bytes) {
   auto found = s.maps.find(address);
   if (found == s.maps.end()) {
     return Error(Errc::invalid_argument,
-                 s.who() + ": unmap of " + hex(va) + ", where no map() call starts");
+                 s.who() + ": unmap of " + format_address(va) + ", where no map() call starts");
   }
   if (found->second.bytes != bytes) {
-    return Error(Errc::invalid_argument, s.who() + ": unmap of " + hex(va) + " with " +
+    return Error(Errc::invalid_argument, s.who() + ": unmap of " + format_address(va) + " with " +
                                              std::to_string(bytes) + " bytes, but " +
                                              std::to_string(found->second.bytes) +
                                              " were mapped there");
@@ -475,7 +468,7 @@ Status HostDevice::unmap(void* va, std::size_t bytes) {
   s.pieces.erase(first_piece, past_pieces);
   const long delta = -s.map_delta(reservation->first, end, address, bytes, target.extents);
   if (!s.restore_reserved(address, bytes)) {
-    Error error(Errc::device_error, s.who() + ": " + os_error(("unmap at " + hex(va)).c_str()));
+    Error error(Errc::device_error, s.who() + ": " + os_error(("unmap at " + format_address(va)).c_str()));
     s.pieces.insert(own.begin(), own.end());
     return error;
   }
@@ -506,7 +499,7 @@ Status HostDevice::release(PhysicalHandle handle, std::size_t bytes) {
   }
   if (target.mapped_at != 0) {
     return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
-                                             ", which is still mapped at " + hex(target.mapped_at));
+                                             ", which is still mapped at " + format_address(target.mapped_at));
   }
   for (const Extent& extent : target.extents) {
     if (fallocate(s.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,

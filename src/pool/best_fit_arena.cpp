@@ -1,19 +1,12 @@
 #include "pool/best_fit_arena.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 
 #include "tidepool/units.hpp"
 
 namespace tidepool::pool {
 namespace {
-
-std::string hex(std::uintptr_t address) {
-  char text[2 + 16 + 1];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(address));
-  return text;
-}
 
 std::string stream_name(Stream stream) {
   return stream == kNoStream ? std::string("none") : std::to_string(stream);
@@ -29,12 +22,12 @@ BestFitArena::BestFitArena(Device& device, ArenaOptions options) : device_(devic
 Status BestFitArena::add_region(void* base, std::size_t bytes) {
   const auto address = reinterpret_cast<std::uintptr_t>(base);
   if (base == nullptr || !is_aligned(address, kChunkGranule)) {
-    return Error(Errc::invalid_argument, "best-fit arena: region base " + hex(address) + " is not " +
+    return Error(Errc::invalid_argument, "best-fit arena: region base " + format_address(address) + " is not " +
                                              std::to_string(kChunkGranule) + "-byte aligned");
   }
   if (bytes == 0 || bytes % kChunkGranule != 0 || address + bytes < address) {
     return Error(Errc::invalid_argument, "best-fit arena: region size " + std::to_string(bytes) +
-                                             " at " + hex(address) + " is not a positive multiple of " +
+                                             " at " + format_address(address) + " is not a positive multiple of " +
                                              std::to_string(kChunkGranule));
   }
   const auto after = std::lower_bound(regions_.begin(), regions_.end(), address,
@@ -42,8 +35,8 @@ Status BestFitArena::add_region(void* base, std::size_t bytes) {
   const bool overlaps_next = after != regions_.end() && after->base < address + bytes;
   const bool overlaps_prev = after != regions_.begin() && std::prev(after)->base + std::prev(after)->bytes > address;
   if (overlaps_next || overlaps_prev) {
-    return Error(Errc::invalid_argument, "best-fit arena: region [" + hex(address) + ", " +
-                                             hex(address + bytes) + ") overlaps a region it already has");
+    return Error(Errc::invalid_argument, "best-fit arena: region [" + format_address(address) + ", " +
+                                             format_address(address + bytes) + ") overlaps a region it already has");
   }
   const ChunkId id = chunks_.create();
   chunks_[id] = Chunk{};
@@ -204,25 +197,25 @@ Error BestFitArena::bad_free(void* ptr) const {
   const Region* region = region_containing(address);
   if (region == nullptr) {
     return Error(Errc::invalid_pointer,
-                 "free of " + hex(address) + ": not a pointer this pool handed out (it lies in none of its " +
+                 "free of " + format_address(address) + ": not a pointer this pool handed out (it lies in none of its " +
                      std::to_string(regions_.size()) + " regions)");
   }
   // Inside a region: find the chunk that covers it (error path only, so a walk is fine).
   ChunkId id = region->first;
   while (id != kNoChunk && chunks_[id].end() <= address) id = chunks_[id].next;
   const Chunk& chunk = chunks_[id];
-  const std::string where = "chunk [" + hex(chunk.address) + ", " + hex(chunk.end()) + ")";
+  const std::string where = "chunk [" + format_address(chunk.address) + ", " + format_address(chunk.end()) + ")";
   if (chunk.in_use) {
-    return Error(Errc::invalid_pointer, "free of " + hex(address) + ": not the start of a block; it lies " +
+    return Error(Errc::invalid_pointer, "free of " + format_address(address) + ": not the start of a block; it lies " +
                                             std::to_string(address - chunk.address) +
-                                            " bytes into the live block at " + hex(chunk.address));
+                                            " bytes into the live block at " + format_address(chunk.address));
   }
   if (!is_aligned(address, kChunkGranule)) {
-    return Error(Errc::invalid_pointer, "free of " + hex(address) +
+    return Error(Errc::invalid_pointer, "free of " + format_address(address) +
                                             ": not a pointer this pool handed out (unaligned, in free " +
                                             where + ")");
   }
-  return Error(Errc::double_free, "free of " + hex(address) + ": the memory is free already (in free " +
+  return Error(Errc::double_free, "free of " + format_address(address) + ": the memory is free already (in free " +
                                       where + "); was it freed twice?");
 }
 
@@ -319,11 +312,11 @@ std::string BestFitArena::dump() const {
       }
       if (listed < kDumpChunksPerRegion) {
         ++listed;
-        lines += std::string("    ") + (chunk.in_use ? "in use " : "free   ") + hex(chunk.address) + " " +
+        lines += std::string("    ") + (chunk.in_use ? "in use " : "free   ") + format_address(chunk.address) + " " +
                  format_bytes(chunk.size) + " stream " + stream_name(chunk.stream) + "\n";
       }
     }
-    out += "  region " + hex(region.base) + " " + format_bytes(region.bytes) + ": " + std::to_string(count) +
+    out += "  region " + format_address(region.base) + " " + format_bytes(region.bytes) + ": " + std::to_string(count) +
            " chunks\n" + lines;
     if (count > listed) out += "    ... " + std::to_string(count - listed) + " more chunks\n";
   }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -13,12 +12,6 @@
 
 namespace tidepool {
 namespace {
-
-std::string hex(const void* ptr) {
-  char text[2 + 16 + 1];
-  std::snprintf(text, sizeof text, "%p", ptr);
-  return text;
-}
 
 // Stats count sizes rounded as the other pools round them, so the modes compare.
 constexpr std::size_t kStatsGranule = kMinAlignment;
@@ -109,7 +102,7 @@ std::string PassthroughPool::dump() const {
                     format_bytes(state_->bytes_limit) + ", " + std::to_string(blocks.size()) + " live blocks, " +
                     format_bytes(static_cast<std::size_t>(state_->usage.bytes_in_use)) + " in use\n";
   for (const auto& [ptr, live] : blocks) {
-    out += "  in use " + hex(ptr) + " " + format_bytes(live.bytes) + " stream " + std::to_string(live.stream) + "\n";
+    out += "  in use " + format_address(ptr) + " " + format_bytes(live.bytes) + " stream " + std::to_string(live.stream) + "\n";
   }
   return out;
 }

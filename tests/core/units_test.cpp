@@ -32,6 +32,14 @@ TEST(FormatBytes, ReadsLikeAPerson) {
   EXPECT_EQ(format_bytes(12 * MiB), "12.0 MiB");
 }
 
+TEST(FormatAddress, LowerCaseHexWithPrefix) {
+  EXPECT_EQ(format_address(std::uintptr_t{0x7f3a2c000000}), "0x7f3a2c000000");
+  EXPECT_EQ(format_address(std::uintptr_t{0xFFFFFFFFFFFFFFFF}), "0xffffffffffffffff");
+  EXPECT_EQ(format_address(nullptr), "0x0");
+  const int object = 0;
+  EXPECT_EQ(format_address(&object), format_address(reinterpret_cast<std::uintptr_t>(&object)));
+}
+
 TEST(Expected, CarriesValueOrError) {
   Expected<int> ok = 3;
   ASSERT_TRUE(ok);

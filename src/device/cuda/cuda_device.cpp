@@ -18,13 +18,6 @@ using cuda::driver_error;
 using cuda::runtime_error;
 using cuda::ScopedDevice;
 
-std::string hex(std::uintptr_t address) {
-  char text[2 + 16 + 1];
-  std::snprintf(text, sizeof text, "0x%zx", static_cast<std::size_t>(address));
-  return text;
-}
-std::string hex(const void* address) { return hex(reinterpret_cast<std::uintptr_t>(address)); }
-
 /// 13000 -> "13.0", as CUDA versions are written.
 std::string version_text(int version) {
   return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
@@ -326,10 +319,10 @@ Status CudaDevice::free(void* ptr, std::size_t bytes) {
     const auto found = s.plain.find(ptr);
     if (found == s.plain.end()) {
       return Error(Errc::invalid_pointer,
-                   s.who() + ": free of " + hex(ptr) + ": not a live allocation of this device");
+                   s.who() + ": free of " + format_address(ptr) + ": not a live allocation of this device");
     }
     if (found->second != bytes) {
-      return Error(Errc::invalid_argument, s.who() + ": free of " + hex(ptr) + " with " +
+      return Error(Errc::invalid_argument, s.who() + ": free of " + format_address(ptr) + " with " +
                                                std::to_string(bytes) + " bytes; it was allocated with " +
                                                std::to_string(found->second));
     }
@@ -338,7 +331,7 @@ Status CudaDevice::free(void* ptr, std::size_t bytes) {
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   if (cudaError_t error = cudaFree(ptr); error != cudaSuccess) {
-    return runtime_error(s.who() + ": cudaFree of " + hex(ptr), error);
+    return runtime_error(s.who() + ": cudaFree of " + format_address(ptr), error);
   }
   return {};
 }
@@ -374,23 +367,23 @@ Status CudaDevice::unreserve(void* va, std::size_t va_bytes) {
     const auto found = s.reservations.find(base);
     if (found == s.reservations.end()) {
       return Error(Errc::invalid_pointer,
-                   s.who() + ": unreserve of " + hex(va) + ": not the start of a reservation");
+                   s.who() + ": unreserve of " + format_address(va) + ": not the start of a reservation");
     }
     if (found->second != va_bytes) {
       return Error(Errc::invalid_argument,
-                   s.who() + ": unreserve of " + hex(va) + " with " + std::to_string(va_bytes) +
+                   s.who() + ": unreserve of " + format_address(va) + " with " + std::to_string(va_bytes) +
                        " bytes; it was reserved with " + std::to_string(found->second));
     }
     if (s.overlaps_mapping(base, va_bytes)) {
       return Error(Errc::invalid_argument,
-                   s.who() + ": unreserve of " + hex(va) + ": memory is still mapped in it");
+                   s.who() + ": unreserve of " + format_address(va) + ": memory is still mapped in it");
     }
     s.reservations.erase(found);
   }
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   if (CUresult result = s.driver->mem_address_free(base, va_bytes); result != CUDA_SUCCESS) {
-    return driver_error(s.who() + ": cuMemAddressFree of " + hex(va), result);
+    return driver_error(s.who() + ": cuMemAddressFree of " + format_address(va), result);
   }
   return {};
 }
@@ -432,15 +425,15 @@ Status CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
     }
     if (found->second.mapped_at != 0) {
       return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
-                                               ": mapped already at " + hex(found->second.mapped_at));
+                                               ": mapped already at " + format_address(found->second.mapped_at));
     }
     if (!is_aligned(address, s.granularity) || s.reservation_of(address, bytes) == s.reservations.end()) {
       return Error(Errc::invalid_argument,
-                   s.who() + ": map at " + hex(va) + " of " + format_bytes(bytes) +
+                   s.who() + ": map at " + format_address(va) + " of " + format_bytes(bytes) +
                        ": not a granularity-aligned range inside one reservation");
     }
     if (s.overlaps_mapping(address, bytes)) {
-      return Error(Errc::invalid_argument, s.who() + ": map at " + hex(va) + " of " +
+      return Error(Errc::invalid_argument, s.who() + ": map at " + format_address(va) + " of " +
                                                format_bytes(bytes) + ": part of it is mapped already");
     }
     // Claimed before the driver calls, so a concurrent map() of the same range
@@ -460,7 +453,7 @@ Status CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
   }
   if (CUresult result = s.driver->mem_map(address, bytes, 0, handle, 0); result != CUDA_SUCCESS) {
     undo();
-    return driver_error(s.who() + ": cuMemMap at " + hex(va) + " of " + format_bytes(bytes), result);
+    return driver_error(s.who() + ": cuMemMap at " + format_address(va) + " of " + format_bytes(bytes), result);
   }
   CUmemAccessDesc access{};
   access.location = s.allocation_prop().location;
@@ -469,7 +462,7 @@ Status CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
       result != CUDA_SUCCESS) {
     (void)s.driver->mem_unmap(address, bytes);
     undo();
-    return driver_error(s.who() + ": cuMemSetAccess at " + hex(va) + " of " + format_bytes(bytes),
+    return driver_error(s.who() + ": cuMemSetAccess at " + format_address(va) + " of " + format_bytes(bytes),
                         result);
   }
   return {};
@@ -483,7 +476,7 @@ Status CudaDevice::unmap(void* va, std::size_t bytes) {
     std::lock_guard lock(s.mutex);
     const auto found = s.mappings.find(address);
     if (found == s.mappings.end() || found->second.bytes != bytes) {
-      return Error(Errc::invalid_argument, s.who() + ": unmap at " + hex(va) + " of " +
+      return Error(Errc::invalid_argument, s.who() + ": unmap at " + format_address(va) + " of " +
                                                format_bytes(bytes) + ": not one earlier map()'s range");
     }
     handle = found->second.handle;
@@ -491,7 +484,7 @@ Status CudaDevice::unmap(void* va, std::size_t bytes) {
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   if (CUresult result = s.driver->mem_unmap(address, bytes); result != CUDA_SUCCESS) {
-    return driver_error(s.who() + ": cuMemUnmap at " + hex(va) + " of " + format_bytes(bytes), result);
+    return driver_error(s.who() + ": cuMemUnmap at " + format_address(va) + " of " + format_bytes(bytes), result);
   }
   std::lock_guard lock(s.mutex);
   s.mappings.erase(address);
@@ -516,7 +509,7 @@ Status CudaDevice::release(PhysicalHandle handle, std::size_t bytes) {
     }
     if (found->second.mapped_at != 0) {
       return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
-                                               ": still mapped at " + hex(found->second.mapped_at));
+                                               ": still mapped at " + format_address(found->second.mapped_at));
     }
     s.handles.erase(found);
   }
@@ -534,7 +527,7 @@ Status CudaDevice::synchronize(Stream stream) {
   if (!current.status()) return current.status().error();
   if (cudaError_t error = cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
       error != cudaSuccess) {
-    return runtime_error(s.who() + ": cudaStreamSynchronize of stream " + hex(stream), error);
+    return runtime_error(s.who() + ": cudaStreamSynchronize of stream " + format_address(stream), error);
   }
   return {};
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdio>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -20,12 +19,6 @@ namespace {
 
 using cuda::runtime_error;
 using cuda::ScopedDevice;
-
-std::string hex(const void* ptr) {
-  char text[2 + 16 + 1];
-  std::snprintf(text, sizeof text, "%p", ptr);
-  return text;
-}
 
 cudaStream_t to_cuda(Stream stream) { return reinterpret_cast<cudaStream_t>(stream); }
 
@@ -187,7 +180,7 @@ Status AsyncPool::deallocate(void* ptr, Stream stream) {
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   if (cudaError_t error = cudaFreeAsync(ptr, to_cuda(stream)); error != cudaSuccess) {
-    return runtime_error(s.who() + ": cudaFreeAsync of " + hex(ptr), error);
+    return runtime_error(s.who() + ": cudaFreeAsync of " + format_address(ptr), error);
   }
   s.usage.freed(round_up((*found)->second.bytes, kStatsGranule));
   s.live.erase(*found);
@@ -241,7 +234,7 @@ std::string AsyncPool::dump() const {
                     std::to_string(blocks.size()) + " live blocks, " +
                     format_bytes(static_cast<std::size_t>(s.usage.bytes_in_use)) + " in use\n";
   for (const auto& [ptr, live] : blocks) {
-    out += "  in use " + hex(ptr) + " " + format_bytes(live.bytes) + " stream " +
+    out += "  in use " + format_address(ptr) + " " + format_bytes(live.bytes) + " stream " +
            std::to_string(live.stream) + "\n";
   }
   return out;
