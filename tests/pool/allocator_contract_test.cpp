@@ -108,8 +108,9 @@ TEST_P(AllocatorContract, ZeroByteRequestReturnsNullAndCountsNothing) {
 }
 
 // TensorFlow GPUBFCAllocatorTest.AllocatorReceivesZeroMemory-style custom limit.
-TEST_P(AllocatorContract, OneMebibyteLimitServesSmallAndRefusesLargeCleanly) {
-  auto a = pool(1 * MiB);
+// 2 MiB: one granule of the host device, the least an expandable pool maps.
+TEST_P(AllocatorContract, TwoMebibyteLimitServesSmallAndRefusesLargeCleanly) {
+  auto a = pool(2 * MiB);
   void* small = must_allocate(*a, 256);
   EXPECT_NE(small, nullptr);
 
@@ -357,7 +358,8 @@ TEST_P(AllocatorContract, MultiThreadedHammering) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pools, AllocatorContract,
-                         ::testing::Values(PoolKind::preallocate, PoolKind::growth, PoolKind::platform),
+                         ::testing::Values(PoolKind::preallocate, PoolKind::growth, PoolKind::platform,
+                                           PoolKind::expandable),
                          PoolKindName());
 
 }  // namespace

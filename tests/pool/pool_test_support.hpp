@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tidepool/best_fit_pool.hpp"
+#include "tidepool/expandable_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/passthrough_pool.hpp"
 #include "tidepool/units.hpp"
@@ -54,13 +55,14 @@ class SyncCountingDevice final : public DeviceAdaptor {
   std::map<Stream, int> calls_;
 };
 
-enum class PoolKind { preallocate, growth, platform };
+enum class PoolKind { preallocate, growth, platform, expandable };
 
 inline std::string pool_kind_name(PoolKind kind) {
   switch (kind) {
     case PoolKind::preallocate: return "preallocate";
     case PoolKind::growth: return "growth";
     case PoolKind::platform: return "platform";
+    case PoolKind::expandable: return "expandable";
   }
   return "unknown";
 }
@@ -69,6 +71,13 @@ inline std::string pool_kind_name(PoolKind kind) {
 inline std::unique_ptr<Allocator> make_pool(PoolKind kind, std::shared_ptr<Device> device,
                                             std::size_t bytes_limit) {
   if (kind == PoolKind::platform) return std::make_unique<PassthroughPool>(std::move(device), bytes_limit);
+  if (kind == PoolKind::expandable) {
+    ExpandableOptions options;
+    options.bytes_limit = bytes_limit;
+    auto pool = ExpandablePool::create(std::move(device), options);
+    if (!pool) throw Exception(pool.error());
+    return std::move(pool).value();
+  }
   BestFitOptions options;
   options.bytes_limit = bytes_limit;
   options.preallocate = kind == PoolKind::preallocate;

@@ -1,0 +1,68 @@
+// ExpandablePool: a pool that grows and shrinks with demand and does not
+// fragment. It reserves address space once (several times its limit: address
+// space is cheap) and backs it with physical granules only where blocks live.
+// Blocks are carved from that address space by best fit, so a block is always
+// contiguous; the physical granules under it come from wherever free ones are,
+// so free memory split across the pool still serves a large request
+// ("stitching": free granules are unmapped and mapped again side by side; no
+// data moves). A request fails only when free physical memory is really short.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <memory>
+
+#include "tidepool/allocator.hpp"
+#include "tidepool/units.hpp"
+
+namespace tidepool {
+
+struct ExpandableOptions {
+  /// Never release automatically: only trim() (or a ledger's trim request) does.
+  static constexpr std::size_t kKeepAll = std::numeric_limits<std::size_t>::max();
+
+  /// The most physical memory the pool maps; 0 means the device's total.
+  std::size_t bytes_limit = 0;
+  /// Requests below this are packed side by side in a part of the address
+  /// space of their own, so that small long-lived blocks never pin granules in
+  /// the middle of large freed ones. PyTorch's small/large pool split is also
+  /// 1 MiB.
+  std::size_t small_threshold = 1 * MiB;
+  /// After a free, fully free granules beyond this many bytes are unmapped and
+  /// handed back to the device, oldest first (TIDEPOOL_RELEASE_THRESHOLD).
+  /// kKeepAll keeps them cached until trim(); 0 hands each back as soon as it
+  /// empties.
+  std::size_t release_threshold = kKeepAll;
+};
+
+class ExpandablePool final : public Allocator {
+ public:
+  /// The device must support virtual memory (unsupported otherwise).
+  static Expected<std::unique_ptr<ExpandablePool>> create(std::shared_ptr<Device> device,
+                                                          ExpandableOptions options = {});
+  ~ExpandablePool() override;
+  ExpandablePool(const ExpandablePool&) = delete;
+  ExpandablePool& operator=(const ExpandablePool&) = delete;
+
+  // Allocator: see allocator.hpp. name() is "expandable". In stats(),
+  // largest_free_block_bytes is the free granule bytes: the largest request
+  // served without new physical memory (by stitching if need be), so
+  // fragmentation() is the share of free pool memory stuck in granules that
+  // hold live blocks too.
+  std::string_view name() const override;
+  Expected<void*> allocate(std::size_t bytes, Stream stream = kDefaultStream) override;
+  Status deallocate(void* ptr, Stream stream = kDefaultStream) override;
+  Stats stats() const override;
+  /// Unmaps and releases every fully free granule (after the streams that
+  /// freed into them have finished their work).
+  std::size_t trim() override;
+  std::string dump() const override;
+  Device& device() const override;
+
+ private:
+  struct State;
+  explicit ExpandablePool(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tidepool

@@ -1,0 +1,406 @@
+// ExpandablePool = two best-fit arenas over reserved address space (small
+// requests in one, large in the other) + a granule table saying which
+// granules of that space have physical memory mapped + the device calls that
+// map, steal (stitch), and release granules.
+//
+// A block is carved from address space first; then every granule under it
+// that has no physical memory gets some: a free granule from elsewhere in the
+// pool (unmapped there, mapped here: a stitch), or, when no granule is free,
+// a new one from the device. Free granules stay mapped where they are, so a
+// block freed and asked for again is reused in place with no device call.
+#include "tidepool/expandable_pool.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "pool/best_fit_arena.hpp"
+#include "pool/granule_table.hpp"
+#include "pool/usage_counters.hpp"
+
+namespace tidepool {
+
+namespace {
+
+using pool::GranuleId;
+using pool::kNoStream;
+
+// Address space reserved per byte of the pool's limit: one share for small
+// blocks, three for large ones. More is reserved only if a part runs out.
+constexpr std::size_t kSmallSpaceShares = 1;
+constexpr std::size_t kLargeSpaceShares = 3;
+
+pool::ArenaOptions arena_options() {
+  // Always split: a chunk's unused tail would otherwise hold physical memory
+  // for nothing. Sizes are multiples of 256, so the tail is 0 or >= 256.
+  pool::ArenaOptions options;
+  options.max_internal_fragmentation_bytes = pool::kChunkGranule;
+  return options;
+}
+
+}  // namespace
+
+struct ExpandablePool::State {
+  State(std::shared_ptr<Device> device_in, ExpandableOptions options_in, std::size_t limit)
+      : device(std::move(device_in)),
+        options(options_in),
+        granule(device->granularity()),
+        bytes_limit(limit),
+        small(*device, arena_options()),
+        large(*device, arena_options()) {}
+
+  /// A reservation of address space, all of it for one arena.
+  struct Space {
+    std::uintptr_t base = 0;
+    std::size_t bytes = 0;
+    GranuleId first = 0;  // the granule at base
+    bool small = false;
+  };
+
+  std::shared_ptr<Device> device;
+  const ExpandableOptions options;
+  const std::size_t granule;
+  const std::size_t bytes_limit;  // a multiple of granule
+  mutable std::mutex mutex;
+  pool::BestFitArena small;
+  pool::BestFitArena large;
+  std::vector<Space> spaces;
+  pool::GranuleTable granules;
+  std::vector<Stream> freeing_streams;  // every stream a block was freed on
+  pool::UsageCounters usage;
+  std::int64_t maps = 0, unmaps = 0, stitches = 0, releases = 0;
+
+  std::size_t mapped_bytes() const noexcept { return granules.mapped() * granule; }
+  std::size_t free_granule_bytes() const noexcept { return granules.free_count() * granule; }
+
+  /// Reserves `bytes` of address space for one arena.
+  Status add_space(std::size_t bytes, bool for_small);
+  const Space* space_of(std::uintptr_t address) const noexcept {
+    for (const Space& space : spaces) {
+      if (address - space.base < space.bytes) return &space;
+    }
+    return nullptr;
+  }
+  GranuleId granule_of(const Space& space, std::uintptr_t address) const noexcept {
+    return space.first + static_cast<GranuleId>((address - space.base) / granule);
+  }
+  void* address_of(GranuleId id) const noexcept {
+    for (const Space& space : spaces) {
+      if (id - space.first < space.bytes / granule) {
+        return reinterpret_cast<void*>(space.base + (id - space.first) * granule);
+      }
+    }
+    return nullptr;
+  }
+
+  /// Gives every granule under [base, base + bytes) physical memory and one
+  /// more use. On failure every granule is as it was, except that granules
+  /// stolen for it may have moved here (free, still mapped).
+  Status back(const Space& space, std::uintptr_t base, std::size_t bytes, std::size_t requested);
+  /// One use less on every granule under the block, freed on `stream`.
+  void unback(const Space& space, std::uintptr_t base, std::size_t bytes, Stream stream) noexcept;
+  /// Waits for the work that may still touch free granule `id`.
+  Status settle(GranuleId id);
+  /// Takes free granule `id` off the free list and unmaps it; its handle is
+  /// the caller's to map again or release.
+  Expected<PhysicalHandle> unmap_free(GranuleId id);
+  /// Unmaps and releases free granules, oldest first, until at most `keep`
+  /// bytes of them remain. Returns the bytes released.
+  std::size_t release_free(std::size_t keep);
+  Error out_of_memory(std::size_t requested, std::size_t rounded, std::size_t missing_granules);
+};
+
+Status ExpandablePool::State::add_space(std::size_t bytes, bool for_small) {
+  Expected<void*> va = device->reserve(bytes);
+  if (!va) return std::move(va).error();
+  const auto base = reinterpret_cast<std::uintptr_t>(*va);
+  Status added = (for_small ? small : large).add_region(*va, bytes);
+  if (!added) {
+    (void)device->unreserve(*va, bytes);
+    return added;
+  }
+  spaces.push_back({base, bytes, granules.grow(bytes / granule), for_small});
+  return {};
+}
+
+Status ExpandablePool::State::settle(GranuleId id) {
+  const Stream tag = granules[id].freed_on;
+  if (tag == kNoStream) return {};
+  if (tag == pool::kManyStreams) {
+    for (Stream stream : freeing_streams) {
+      if (Status synced = device->synchronize(stream); !synced) return synced;
+    }
+  } else if (Status synced = device->synchronize(tag); !synced) {
+    return synced;
+  }
+  granules[id].freed_on = kNoStream;
+  return {};
+}
+
+Expected<PhysicalHandle> ExpandablePool::State::unmap_free(GranuleId id) {
+  if (Status settled = settle(id); !settled) return std::move(settled).error();
+  Status unmapped = device->unmap(address_of(id), granule);
+  if (!unmapped) return std::move(unmapped).error();
+  ++unmaps;
+  granules.take(id);
+  const PhysicalHandle handle = granules[id].handle;
+  granules.set_unmapped(id);
+  return handle;
+}
+
+std::size_t ExpandablePool::State::release_free(std::size_t keep) {
+  std::size_t released = 0;
+  while (free_granule_bytes() > keep) {
+    const GranuleId id = granules.oldest_free();
+    Expected<PhysicalHandle> handle = unmap_free(id);
+    if (!handle) break;  // the device refused: keep the rest cached
+    // A failed release leaves the memory with the device's accounting; the
+    // pool no longer holds it either way.
+    (void)device->release(*handle, granule);
+    usage.released(granule);
+    ++releases;
+    released += granule;
+  }
+  return released;
+}
+
+Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std::size_t bytes,
+                                   std::size_t requested) {
+  const GranuleId first = granule_of(space, base);
+  const GranuleId last = granule_of(space, base + bytes - 1);
+  // Granules already mapped (free or shared with a neighbour) are reused in
+  // place; count the rest before changing anything.
+  std::size_t missing = 0;
+  for (GranuleId id = first; id <= last; ++id) {
+    if (granules[id].mapped) {
+      granules.use(id);
+    } else {
+      ++missing;
+    }
+  }
+  if (missing == 0) return {};
+  // Undoes the uses taken so far: granules mapped for this block stay mapped, free.
+  auto undo = [&] {
+    for (GranuleId id = first; id <= last; ++id) {
+      if (granules[id].mapped) granules.unuse(id, kNoStream);
+    }
+  };
+  const std::size_t room = (bytes_limit - mapped_bytes()) / granule;
+  if (missing > granules.free_count() + room) {
+    undo();
+    return out_of_memory(requested, bytes, missing);
+  }
+
+  bool stitched = false;
+  for (GranuleId id = first; id <= last; ++id) {
+    if (granules[id].mapped) continue;
+    // A free granule from elsewhere first (footprint stays flat), new
+    // physical memory only when none is free.
+    PhysicalHandle handle = 0;
+    if (granules.free_count() > 0) {
+      Expected<PhysicalHandle> stolen = unmap_free(granules.oldest_free());
+      if (!stolen) {
+        undo();
+        return std::move(stolen).error();
+      }
+      handle = *stolen;
+      stitched = true;
+    } else {
+      Expected<PhysicalHandle> fresh = device->create(granule);
+      if (!fresh) {
+        undo();
+        if (fresh.error().code() != Errc::out_of_memory) return std::move(fresh).error();
+        return out_of_memory(requested, bytes, missing);
+      }
+      handle = *fresh;
+      usage.reserved(granule);
+    }
+    Status mapped = device->map(address_of(id), granule, handle);
+    if (!mapped) {
+      // The handle is mapped nowhere now: give it back.
+      (void)device->release(handle, granule);
+      usage.released(granule);
+      ++releases;
+      undo();
+      return mapped;
+    }
+    ++maps;
+    granules.set_mapped(id, handle);
+  }
+  if (stitched) ++stitches;
+  return {};
+}
+
+void ExpandablePool::State::unback(const Space& space, std::uintptr_t base, std::size_t bytes,
+                                   Stream stream) noexcept {
+  const GranuleId last = granule_of(space, base + bytes - 1);
+  for (GranuleId id = granule_of(space, base); id <= last; ++id) granules.unuse(id, stream);
+}
+
+Error ExpandablePool::State::out_of_memory(std::size_t requested, std::size_t rounded,
+                                           std::size_t missing_granules) {
+  ++usage.num_ooms;
+  OomReport report;
+  report.requested_bytes = requested;
+  report.bytes_in_use = static_cast<std::size_t>(usage.bytes_in_use);
+  report.bytes_reserved = mapped_bytes();
+  report.device_free_bytes = device->mem_info().free_bytes;
+  report.largest_free_block_bytes = free_granule_bytes();
+  const std::size_t room = bytes_limit - mapped_bytes();
+  if (rounded > bytes_limit) {
+    report.hint = "the request is larger than the pool's limit of " + format_bytes(bytes_limit) +
+                  " (bytes_limit); raise TIDEPOOL_MEM_FRACTION (XLA_CLIENT_MEM_FRACTION)";
+  } else if (missing_granules * granule <= free_granule_bytes() + room) {
+    report.hint = "the pool may map " + format_bytes(room) + " more but the device has only " +
+                  format_bytes(report.device_free_bytes) +
+                  " free: another process or allocator holds the rest of it";
+  } else {
+    report.hint = "the pool is at its limit of " + format_bytes(bytes_limit) + " with " +
+                  format_bytes(report.bytes_in_use) + " in use and " + format_bytes(free_granule_bytes()) +
+                  " in free granules (all of it usable by stitching); free memory, or raise "
+                  "TIDEPOOL_MEM_FRACTION (XLA_CLIENT_MEM_FRACTION)";
+  }
+  return Error::out_of_memory("expandable pool", std::move(report));
+}
+
+Expected<std::unique_ptr<ExpandablePool>> ExpandablePool::create(std::shared_ptr<Device> device,
+                                                                 ExpandableOptions options) {
+  if (!device) return Error(Errc::invalid_argument, "ExpandablePool::create: device is null");
+  if (!device->supports_virtual_memory()) {
+    return Error(Errc::unsupported, "ExpandablePool::create: " + device->description() +
+                                        " has no virtual memory calls (reserve/create/map)");
+  }
+  const std::size_t granule = device->granularity();
+  std::size_t limit = options.bytes_limit != 0 ? options.bytes_limit : device->mem_info().total_bytes;
+  limit = limit / granule * granule;
+  if (limit == 0) {
+    return Error(Errc::invalid_argument, "ExpandablePool::create: bytes_limit " +
+                                             std::to_string(options.bytes_limit) + " is less than one " +
+                                             format_bytes(granule) + " granule of " + device->description());
+  }
+  if (limit / granule >= pool::kNoGranule / (kSmallSpaceShares + kLargeSpaceShares + 1)) {
+    return Error(Errc::invalid_argument, "ExpandablePool::create: bytes_limit " + format_bytes(limit) +
+                                             " is more granules than the pool can count");
+  }
+  auto state = std::make_unique<State>(std::move(device), options, limit);
+  if (Status s = state->add_space(kSmallSpaceShares * limit, true); !s) return std::move(s).error();
+  if (Status s = state->add_space(kLargeSpaceShares * limit, false); !s) {
+    (void)state->device->unreserve(reinterpret_cast<void*>(state->spaces[0].base), state->spaces[0].bytes);
+    return std::move(s).error();
+  }
+  return std::unique_ptr<ExpandablePool>(new ExpandablePool(std::move(state)));
+}
+
+ExpandablePool::ExpandablePool(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+ExpandablePool::~ExpandablePool() {
+  // As BFC: everything goes back, whatever is still in use.
+  State& s = *state_;
+  for (GranuleId id = 0; id < s.granules.size(); ++id) {
+    if (!s.granules[id].mapped) continue;
+    (void)s.device->unmap(s.address_of(id), s.granule);
+    (void)s.device->release(s.granules[id].handle, s.granule);
+  }
+  for (const State::Space& space : s.spaces) {
+    (void)s.device->unreserve(reinterpret_cast<void*>(space.base), space.bytes);
+  }
+}
+
+std::string_view ExpandablePool::name() const { return "expandable"; }
+
+Device& ExpandablePool::device() const { return *state_->device; }
+
+Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
+  if (bytes == 0) return static_cast<void*>(nullptr);
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (bytes > s.bytes_limit) return s.out_of_memory(bytes, bytes, bytes / s.granule + 1);
+  const std::size_t rounded = round_up(bytes, pool::kChunkGranule);
+  const bool small = rounded < s.options.small_threshold;
+  pool::BestFitArena& arena = small ? s.small : s.large;
+
+  Expected<pool::MemoryRange> block = arena.allocate(rounded, stream);
+  if (!block) return std::move(block).error();
+  if (block->base == nullptr) {
+    // This part of the address space is used up or split: reserve more.
+    const std::size_t more = std::max(round_up(rounded, s.granule), s.bytes_limit);
+    if (Status grown = s.add_space(more, small); !grown) return std::move(grown).error();
+    block = arena.allocate(rounded, stream);
+    if (!block) return std::move(block).error();
+    if (block->base == nullptr) {
+      return Error(Errc::invalid_argument, "expandable pool: no " + format_bytes(rounded) +
+                                               " range in fresh address space of " + format_bytes(more));
+    }
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(block->base);
+  const State::Space& space = *s.space_of(base);
+  if (Status backed = s.back(space, base, block->bytes, bytes); !backed) {
+    (void)arena.free(block->base, stream);
+    return std::move(backed).error();
+  }
+  s.usage.allocated(block->bytes);
+  return block->base;
+}
+
+Status ExpandablePool::deallocate(void* ptr, Stream stream) {
+  if (ptr == nullptr) return {};
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  const State::Space* space = s.space_of(address);
+  if (space == nullptr) {
+    return Error(Errc::invalid_pointer, "expandable pool: free of " + format_address(address) +
+                                            ": not a pointer this pool handed out (it lies outside its "
+                                            "address space)");
+  }
+  Expected<std::size_t> freed = (space->small ? s.small : s.large).free(ptr, stream);
+  if (!freed) return std::move(freed).error();
+  if (std::find(s.freeing_streams.begin(), s.freeing_streams.end(), stream) == s.freeing_streams.end()) {
+    s.freeing_streams.push_back(stream);
+  }
+  s.unback(*space, address, *freed, stream);
+  s.usage.freed(*freed);
+  if (s.free_granule_bytes() > s.options.release_threshold) s.release_free(s.options.release_threshold);
+  return {};
+}
+
+Stats ExpandablePool::stats() const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  Stats stats = s.usage.to_stats();
+  stats.bytes_limit = static_cast<std::int64_t>(s.bytes_limit);
+  stats.largest_free_block_bytes = static_cast<std::int64_t>(s.free_granule_bytes());
+  stats.bytes_mapped = static_cast<std::int64_t>(s.mapped_bytes());
+  stats.granules_free = static_cast<std::int64_t>(s.granules.free_count());
+  stats.num_maps = s.maps;
+  stats.num_unmaps = s.unmaps;
+  stats.num_stitches = s.stitches;
+  stats.num_releases = s.releases;
+  return stats;
+}
+
+std::size_t ExpandablePool::trim() {
+  std::lock_guard lock(state_->mutex);
+  return state_->release_free(0);
+}
+
+std::string ExpandablePool::dump() const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  std::string out = "expandable pool on " + s.device->description() + ": limit " + format_bytes(s.bytes_limit) +
+                    ", in use " + format_bytes(static_cast<std::size_t>(s.usage.bytes_in_use)) + ", mapped " +
+                    format_bytes(s.mapped_bytes()) + " (" + std::to_string(s.granules.mapped()) + " granules of " +
+                    format_bytes(s.granule) + ", " + std::to_string(s.granules.free_count()) +
+                    " free), maps " + std::to_string(s.maps) + ", unmaps " + std::to_string(s.unmaps) +
+                    ", stitches " + std::to_string(s.stitches) + ", releases " + std::to_string(s.releases) + "\n";
+  for (const State::Space& space : s.spaces) {
+    out += "  address space [" + format_address(space.base) + ", " + format_address(space.base + space.bytes) +
+           ") for " +
+           (space.small ? "small" : "large") + " blocks\n";
+  }
+  out += "small blocks (below " + format_bytes(s.options.small_threshold) + "):\n" + s.small.dump();
+  out += "large blocks:\n" + s.large.dump();
+  return out;
+}
+
+}  // namespace tidepool

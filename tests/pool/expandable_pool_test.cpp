@@ -1,0 +1,348 @@
+// ExpandablePool: stitching defeats fragmentation, data survives stitching,
+// trimming and reuse, trim hands back exactly what was taken, the release
+// threshold, the mapping limit, and streams. The Allocator contract it shares
+// with every pool is in allocator_contract_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "pool/pool_test_support.hpp"
+
+namespace tidepool::test {
+namespace {
+
+std::shared_ptr<HostDevice> small_host_device(std::size_t capacity, std::size_t max_mappings = 0) {
+  HostDeviceOptions options;
+  options.capacity = capacity;
+  options.max_mappings = max_mappings;
+  auto device = HostDevice::create(options);
+  if (!device) throw Exception(device.error());
+  return std::move(device).value();
+}
+
+std::unique_ptr<ExpandablePool> expandable(std::shared_ptr<Device> device, ExpandableOptions options = {}) {
+  auto pool = ExpandablePool::create(std::move(device), options);
+  if (!pool) throw Exception(pool.error());
+  return std::move(pool).value();
+}
+
+void* must_allocate(Allocator& pool, std::size_t bytes, Stream stream = kDefaultStream) {
+  Expected<void*> ptr = pool.allocate(bytes, stream);
+  if (!ptr) throw Exception(ptr.error());
+  return *ptr;
+}
+
+// A pattern that differs per block and per word, so a block mapped onto
+// another's memory, or shifted by a granule, is caught.
+std::uint64_t pattern(std::uint64_t seed, std::size_t word) { return seed * 0x9E3779B97F4A7C15ull ^ word; }
+
+void fill(void* ptr, std::size_t bytes, std::uint64_t seed, std::size_t stride_words = 1) {
+  auto* words = static_cast<std::uint64_t*>(ptr);
+  for (std::size_t i = 0; i < bytes / 8; i += stride_words) words[i] = pattern(seed, i);
+}
+
+bool intact(const void* ptr, std::size_t bytes, std::uint64_t seed, std::size_t stride_words = 1) {
+  const auto* words = static_cast<const std::uint64_t*>(ptr);
+  for (std::size_t i = 0; i < bytes / 8; i += stride_words) {
+    if (words[i] != pattern(seed, i)) return false;
+  }
+  return true;
+}
+
+// The deterministic case: a 1 GiB device filled with 16 MiB blocks,
+// every other one freed, then one block of half the device.
+struct Fragmented {
+  std::vector<void*> live;
+  std::size_t freed_bytes = 0;
+};
+
+Fragmented fill_and_free_every_other(Allocator& pool) {
+  std::vector<void*> blocks;
+  for (;;) {
+    Expected<void*> ptr = pool.allocate(16 * MiB);
+    if (!ptr) break;
+    blocks.push_back(*ptr);
+  }
+  Fragmented result;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 2 == 0) {
+      EXPECT_TRUE(pool.deallocate(blocks[i]));
+      result.freed_bytes += 16 * MiB;
+    } else {
+      result.live.push_back(blocks[i]);
+    }
+  }
+  return result;
+}
+
+TEST(ExpandablePool, StitchingServesWhatBestFitRefusesAsSplit) {
+  for (bool preallocate : {true, false}) {
+    SCOPED_TRACE(preallocate ? "preallocate" : "growth");
+    BestFitOptions options;
+    options.preallocate = preallocate;
+    auto pool = BestFitPool::create(small_host_device(1 * GiB), options);
+    ASSERT_TRUE(pool) << pool.error().message();
+    Fragmented state = fill_and_free_every_other(**pool);
+    ASSERT_GE(state.freed_bytes, 512 * MiB);
+    Expected<void*> half = (*pool)->allocate(512 * MiB);
+    ASSERT_FALSE(half);
+    EXPECT_EQ(half.error().code(), Errc::out_of_memory);
+    ASSERT_NE(half.error().oom(), nullptr);
+    EXPECT_NE(half.error().oom()->hint.find("split into blocks no larger than 16.0 MiB"), std::string::npos)
+        << half.error().oom()->hint;
+  }
+
+  auto device = small_host_device(1 * GiB);
+  auto pool = expandable(device);
+  Fragmented state = fill_and_free_every_other(*pool);
+  ASSERT_EQ(state.live.size(), 32u);  // 64 blocks of 16 MiB fill 1 GiB exactly
+  for (std::size_t i = 0; i < state.live.size(); ++i) fill(state.live[i], 16 * MiB, i);
+
+  void* half = must_allocate(*pool, 512 * MiB);
+  Stats stats = pool->stats();
+  EXPECT_EQ(stats.num_stitches, 1);
+  EXPECT_EQ(stats.bytes_mapped, static_cast<std::int64_t>(1 * GiB));
+  EXPECT_EQ(stats.bytes_in_use, static_cast<std::int64_t>(1 * GiB));
+  EXPECT_EQ(stats.granules_free, 0);
+  EXPECT_EQ(device->mem_info().free_bytes, 0u);
+
+  fill(half, 512 * MiB, 1000);
+  EXPECT_TRUE(intact(half, 512 * MiB, 1000));
+  for (std::size_t i = 0; i < state.live.size(); ++i) {
+    EXPECT_TRUE(intact(state.live[i], 16 * MiB, i)) << "surviving block " << i;
+  }
+  // Nothing overlaps: the stitched block lies outside every survivor.
+  const auto h = reinterpret_cast<std::uintptr_t>(half);
+  for (void* block : state.live) {
+    const auto b = reinterpret_cast<std::uintptr_t>(block);
+    EXPECT_TRUE(b + 16 * MiB <= h || h + 512 * MiB <= b);
+  }
+}
+
+TEST(ExpandablePool, DataSurvivesStitchingTrimmingAndReuse) {
+  // A small device and a small release threshold, so the sequence keeps
+  // stitching, releasing and mapping again.
+  auto device = small_host_device(256 * MiB);
+  ExpandableOptions options;
+  options.release_threshold = 16 * MiB;
+  auto pool = expandable(device, options);
+  std::mt19937_64 random(7);
+  struct Block {
+    void* ptr;
+    std::size_t bytes;
+    std::uint64_t seed;
+  };
+  std::vector<Block> live;
+  std::size_t live_bytes = 0;
+  std::uint64_t next_seed = 1;
+  for (int step = 0; step < 4000; ++step) {
+    const int action = static_cast<int>(random() % 100);
+    if (action < 55) {
+      // Sizes from 256 B to 24 MiB, log-uniform: small and large both.
+      const double exponent = 8.0 + static_cast<double>(random() % 1000) / 1000.0 * 16.6;
+      const std::size_t bytes = static_cast<std::size_t>(std::exp2(exponent));
+      Expected<void*> ptr = pool->allocate(bytes);
+      if (!ptr) {
+        ASSERT_EQ(ptr.error().code(), Errc::out_of_memory) << ptr.error().message();
+        // Stitching means an OOM only when live memory leaves no room.
+        EXPECT_GT(live_bytes + bytes, 256 * MiB - 64 * MiB) << ptr.error().message();
+        continue;
+      }
+      fill(*ptr, bytes, next_seed, 61);
+      live.push_back({*ptr, bytes, next_seed++});
+      live_bytes += bytes;
+    } else if (action < 97 && !live.empty()) {
+      const std::size_t k = random() % live.size();
+      ASSERT_TRUE(intact(live[k].ptr, live[k].bytes, live[k].seed, 61)) << "block of " << live[k].bytes;
+      ASSERT_TRUE(pool->deallocate(live[k].ptr));
+      live_bytes -= live[k].bytes;
+      live[k] = live.back();
+      live.pop_back();
+    } else {
+      pool->trim();
+      EXPECT_EQ(pool->stats().granules_free, 0);
+    }
+  }
+  for (const Block& block : live) {
+    ASSERT_TRUE(intact(block.ptr, block.bytes, block.seed, 61));
+    ASSERT_TRUE(pool->deallocate(block.ptr));
+  }
+  Stats stats = pool->stats();
+  EXPECT_GT(stats.num_stitches, 0);
+  EXPECT_GT(stats.num_releases, 0);
+  EXPECT_EQ(stats.bytes_in_use, 0);
+  EXPECT_LE(stats.bytes_mapped, static_cast<std::int64_t>(16 * MiB));  // the release threshold held
+}
+
+TEST(ExpandablePool, TrimReturnsTheDevicesFreeMemoryExactly) {
+  auto device = small_host_device(1 * GiB);
+  const MemInfo before = device->mem_info();
+  auto pool = expandable(device);
+  std::vector<void*> blocks;
+  for (std::size_t bytes : {100 * MiB, 3 * KiB, 7 * MiB, 300 * KiB, 64 * MiB, std::size_t{256}}) {
+    blocks.push_back(must_allocate(*pool, bytes));
+  }
+  EXPECT_LT(device->mem_info().free_bytes, before.free_bytes);
+  for (void* block : blocks) ASSERT_TRUE(pool->deallocate(block));
+  const Stats cached = pool->stats();
+  EXPECT_EQ(cached.bytes_in_use, 0);
+  EXPECT_GT(cached.bytes_reserved, 0);  // kept mapped, for reuse in place
+  EXPECT_EQ(cached.granules_free * static_cast<std::int64_t>(2 * MiB), cached.bytes_mapped);
+
+  EXPECT_EQ(pool->trim(), static_cast<std::size_t>(cached.bytes_mapped));
+  EXPECT_EQ(device->mem_info().free_bytes, before.free_bytes);
+  EXPECT_EQ(device->mem_info().total_bytes, before.total_bytes);
+  const Stats trimmed = pool->stats();
+  EXPECT_EQ(trimmed.bytes_reserved, 0);
+  EXPECT_EQ(trimmed.bytes_mapped, 0);
+  EXPECT_EQ(trimmed.num_releases, cached.bytes_mapped / static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(pool->trim(), 0u);
+}
+
+TEST(ExpandablePool, SmallBlocksShareGranulesAndLargeOnesAreReusedInPlace) {
+  auto device = small_host_device(1 * GiB);
+  auto pool = expandable(device);
+  std::vector<void*> small;
+  for (int i = 0; i < 1000; ++i) small.push_back(must_allocate(*pool, 1 * KiB));
+  EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(2 * MiB));  // 1000 KiB: one granule
+  EXPECT_EQ(pool->stats().num_maps, 1);
+
+  void* large = must_allocate(*pool, 64 * MiB);
+  const std::int64_t maps = pool->stats().num_maps;
+  ASSERT_TRUE(pool->deallocate(large));
+  void* again = must_allocate(*pool, 64 * MiB);
+  EXPECT_EQ(again, large);
+  EXPECT_EQ(pool->stats().num_maps, maps);  // no device call on the cached path
+  EXPECT_EQ(pool->stats().num_stitches, 0);
+  ASSERT_TRUE(pool->deallocate(again));
+  for (void* block : small) ASSERT_TRUE(pool->deallocate(block));
+}
+
+TEST(ExpandablePool, ReleaseThresholdBoundsTheCachedGranules) {
+  auto device = small_host_device(1 * GiB);
+  ExpandableOptions options;
+  options.release_threshold = 32 * MiB;
+  auto pool = expandable(device, options);
+  void* a = must_allocate(*pool, 200 * MiB);
+  void* b = must_allocate(*pool, 10 * MiB);
+  ASSERT_TRUE(pool->deallocate(a));
+  EXPECT_EQ(pool->stats().granules_free * static_cast<std::int64_t>(2 * MiB), 32 * MiB);
+  EXPECT_EQ(device->mem_info().free_bytes, 1 * GiB - 10 * MiB - 32 * MiB);
+  ASSERT_TRUE(pool->deallocate(b));
+  EXPECT_EQ(pool->stats().bytes_mapped, 32 * MiB);
+
+  options.release_threshold = 0;  // hand every empty granule back at once
+  auto eager = expandable(device, options);
+  void* c = must_allocate(*eager, 5 * MiB);
+  ASSERT_TRUE(eager->deallocate(c));
+  EXPECT_EQ(eager->stats().bytes_mapped, 0);
+}
+
+TEST(ExpandablePool, ErrorsAreClearAndChangeNothing) {
+  auto device = small_host_device(64 * MiB);
+  auto pool = expandable(device);
+  Expected<void*> too_large = pool->allocate(65 * MiB);
+  ASSERT_FALSE(too_large);
+  EXPECT_EQ(too_large.error().code(), Errc::out_of_memory);
+  EXPECT_NE(too_large.error().message().find("larger than the pool's limit"), std::string::npos)
+      << too_large.error().message();
+
+  void* a = must_allocate(*pool, 40 * MiB);
+  Expected<void*> no_room = pool->allocate(30 * MiB);
+  ASSERT_FALSE(no_room);
+  ASSERT_NE(no_room.error().oom(), nullptr);
+  EXPECT_EQ(no_room.error().oom()->bytes_in_use, 40 * MiB);
+  EXPECT_NE(no_room.error().oom()->hint.find("at its limit"), std::string::npos) << no_room.error().message();
+  EXPECT_EQ(pool->stats().num_ooms, 2);
+
+  int local = 0;
+  Status foreign = pool->deallocate(&local);
+  ASSERT_FALSE(foreign);
+  EXPECT_EQ(foreign.error().code(), Errc::invalid_pointer);
+  Status inside = pool->deallocate(static_cast<char*>(a) + 256);
+  ASSERT_FALSE(inside);
+  EXPECT_EQ(inside.error().code(), Errc::invalid_pointer);
+  ASSERT_TRUE(pool->deallocate(a));
+  Status twice = pool->deallocate(a);
+  ASSERT_FALSE(twice);
+  EXPECT_EQ(twice.error().code(), Errc::double_free);
+  EXPECT_EQ(pool->stats().bytes_in_use, 0);
+  void* whole = must_allocate(*pool, 64 * MiB);  // still usable, all of it
+  ASSERT_TRUE(pool->deallocate(whole));
+}
+
+class NoVirtualMemory final : public DeviceAdaptor {
+ public:
+  using DeviceAdaptor::DeviceAdaptor;
+  bool supports_virtual_memory() const override { return false; }
+};
+
+TEST(ExpandablePool, NeedsVirtualMemory) {
+  auto pool = ExpandablePool::create(std::make_shared<NoVirtualMemory>(small_host_device(64 * MiB)));
+  ASSERT_FALSE(pool);
+  EXPECT_EQ(pool.error().code(), Errc::unsupported);
+  EXPECT_NE(pool.error().message().find("no virtual memory"), std::string::npos);
+
+  auto tiny = ExpandablePool::create(small_host_device(64 * MiB), {.bytes_limit = 1 * MiB});
+  ASSERT_FALSE(tiny);
+  EXPECT_EQ(tiny.error().code(), Errc::invalid_argument);
+  EXPECT_NE(tiny.error().message().find("less than one 2.00 MiB granule"), std::string::npos)
+      << tiny.error().message();
+}
+
+TEST(ExpandablePool, TheMappingLimitIsAClearErrorAndThePoolRecovers) {
+  // Room for the two reservations and a few runs of granules: stitching
+  // scattered granules makes a mapping per granule, and the device refuses
+  // the one past its budget.
+  auto device = small_host_device(256 * MiB, 12);
+  auto pool = expandable(device);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(must_allocate(*pool, 16 * MiB));  // one run: merges
+  for (int i = 0; i < 16; i += 2) ASSERT_TRUE(pool->deallocate(blocks[i]));
+  Expected<void*> stitched = pool->allocate(128 * MiB);  // eight scattered runs side by side
+  ASSERT_FALSE(stitched);
+  EXPECT_EQ(stitched.error().code(), Errc::limit_reached) << stitched.error().message();
+  EXPECT_NE(stitched.error().message().find("vm.max_map_count"), std::string::npos) << stitched.error().message();
+  // Only map() is refused for the budget; an unmap that splits a mapping may
+  // pass it by one (the headroom HostDevice leaves under vm.max_map_count).
+  EXPECT_LE(device->mapping_count(), device->max_mappings() + 1);
+
+  // Nothing was lost: the live blocks are intact, and everything can be freed and handed back.
+  const Stats after = pool->stats();
+  EXPECT_EQ(after.bytes_in_use, static_cast<std::int64_t>(8 * 16 * MiB));
+  for (int i = 1; i < 16; i += 2) ASSERT_TRUE(pool->deallocate(blocks[i]));
+  pool->trim();
+  EXPECT_EQ(device->mem_info().free_bytes, 256 * MiB);
+  void* whole = must_allocate(*pool, 256 * MiB);  // fresh granules map as one run again
+  ASSERT_TRUE(pool->deallocate(whole));
+}
+
+TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {
+  auto counting = std::make_shared<SyncCountingDevice>(small_host_device(64 * MiB));
+  auto pool = expandable(counting);
+  constexpr Stream kOne = 1, kTwo = 2, kThree = 3;
+  // a and b, each 8 granules, kept apart by live one-granule blocks.
+  void* a = must_allocate(*pool, 16 * MiB, kOne);
+  void* keep_1 = must_allocate(*pool, 2 * MiB);
+  void* b = must_allocate(*pool, 16 * MiB, kTwo);
+  void* keep_2 = must_allocate(*pool, 2 * MiB);
+  ASSERT_TRUE(pool->deallocate(a, kOne));
+  ASSERT_TRUE(pool->deallocate(b, kTwo));
+  EXPECT_EQ(counting->total_calls(), 0);  // freeing never waits
+  // 60 MiB on a third stream: fresh address space, backed by all 16 free
+  // granules (stolen from a and b) and 14 new ones. Work queued on streams 1
+  // and 2 may still touch the stolen ones: both are waited for.
+  void* d = must_allocate(*pool, 60 * MiB, kThree);
+  EXPECT_GE(counting->calls(kOne), 1);
+  EXPECT_GE(counting->calls(kTwo), 1);
+  EXPECT_EQ(counting->calls(kThree), 0);
+  EXPECT_EQ(pool->stats().num_stitches, 1);
+  EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(64 * MiB));
+  for (void* block : {d, keep_1, keep_2}) ASSERT_TRUE(pool->deallocate(block, kThree));
+}
+
+}  // namespace
+}  // namespace tidepool::test
