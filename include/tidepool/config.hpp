@@ -105,8 +105,12 @@ struct Config {
   Setting<std::optional<std::size_t>> release_threshold;
   /// The per-process quota in the cross-process ledger; unset means none.
   Setting<std::optional<Quota>> quota;
-  /// Whether the cross-process ledger guards the device.
+  /// Whether the cross-process ledger guards the device. TIDEPOOL_QUOTA
+  /// turns it on unless TIDEPOOL_LEDGER says otherwise (which is an error).
   Setting<bool> ledger{false};
+  /// Permissions of a ledger segment this process creates: 0600 (this user
+  /// only) or 0660 (also the group), from TIDEPOOL_LEDGER_MODE=user|group.
+  Setting<unsigned> ledger_mode{0600};
 
   /// Values that were accepted but are probably not what the user meant.
   std::vector<std::string> warnings;
@@ -128,6 +132,14 @@ struct Config {
 /// host_capacity, or the CUDA device; then the ledger when enabled.
 Expected<std::shared_ptr<Device>> make_device(const Config& config);
 
+/// `device` guarded by the cross-process ledger of its id, this process
+/// registered with config.quota resolved against the device's total and
+/// config.ledger_mode for a new segment; what make_device does when
+/// config.ledger is on. Errors: those of LedgerDevice::create, the quota's
+/// naming TIDEPOOL_QUOTA.
+Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
+                                                     std::shared_ptr<Device> device);
+
 /// Whether make_allocator(mode, ...) can build its pool over `device` in this
 /// build: unsupported, with the reason, when it cannot (e.g. expandable on a
 /// device without virtual memory, cuda_async without the CUDA device).
@@ -138,6 +150,12 @@ Status mode_supported(Mode mode, const Device& device);
 /// stack builder and the replay engine both use it. Errors: unsupported when
 /// the mode is not available in this build or on this device; out_of_memory
 /// when preallocation cannot get its region.
+///
+/// Over a LedgerDevice (anywhere below `device`), the pool reports its cached
+/// free bytes to the ledger and, unless it preallocates (it never gives
+/// memory back), answers other processes' trim requests with its trim(): at
+/// its next allocate() or from the ledger's background thread. The returned
+/// allocator then forwards to the pool and unregisters it before destroying it.
 Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& config,
                                                     std::shared_ptr<Device> device);
 

@@ -25,10 +25,10 @@ constexpr std::array<Mode, 5> kModes = {Mode::preallocate, Mode::growth, Mode::p
 
 // The variables this file reads. A TIDEPOOL_* variable not listed here is
 // reported as probably misspelt: add new variables to this list.
-constexpr std::array<std::string_view, 8> kTidepoolVariables = {
+constexpr std::array<std::string_view, 9> kTidepoolVariables = {
     "TIDEPOOL_ALLOCATOR",     "TIDEPOOL_MEM_FRACTION",      "TIDEPOOL_PREALLOCATE",
     "TIDEPOOL_DEVICE",        "TIDEPOOL_HOST_CAPACITY",     "TIDEPOOL_RELEASE_THRESHOLD",
-    "TIDEPOOL_QUOTA",         "TIDEPOOL_LEDGER"};
+    "TIDEPOOL_QUOTA",         "TIDEPOOL_LEDGER",            "TIDEPOOL_LEDGER_MODE"};
 
 std::string known_names() {
   std::string out;
@@ -362,6 +362,32 @@ Status read_sharing(const Environment& env, Config& config) {
     auto value = parse_strict_bool("TIDEPOOL_LEDGER", *text);
     if (!value) return std::move(value).error();
     config.ledger = {*value, "TIDEPOOL_LEDGER", *text};
+  }
+  if (config.quota.value) {
+    // A quota is a share in the ledger: it means the ledger is wanted.
+    if (config.ledger.is_default()) {
+      config.ledger = {true, "TIDEPOOL_QUOTA", config.quota.text};
+      config.notes.push_back("TIDEPOOL_QUOTA=" + config.quota.text +
+                             " turns the cross-process ledger on (a quota is a share in it)");
+    } else if (!config.ledger.value) {
+      return Error(Errc::invalid_argument,
+                   "TIDEPOOL_QUOTA='" + config.quota.text + "' contradicts TIDEPOOL_LEDGER='" +
+                       config.ledger.text +
+                       "': a quota is a share in the ledger; allowed: unset one of them, or "
+                       "TIDEPOOL_LEDGER=on");
+    }
+  }
+  if (auto text = env.get("TIDEPOOL_LEDGER_MODE")) {
+    const std::string word = lower(trim(*text));
+    unsigned mode = 0;
+    if (word == "user" || word == "0600" || word == "600") mode = 0600;
+    else if (word == "group" || word == "0660" || word == "660") mode = 0660;
+    else
+      return invalid("TIDEPOOL_LEDGER_MODE", *text, text->empty() ? "empty" : "unknown permissions",
+                     "user (0600: this user's processes only) or group (0660: also the group's)");
+    config.ledger_mode = {mode, "TIDEPOOL_LEDGER_MODE", *text};
+    if (!config.ledger.value)
+      config.notes.push_back("TIDEPOOL_LEDGER_MODE has no effect while the ledger is off");
   }
   return {};
 }

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "config/ledger_stack.hpp"
 #include "tidepool/best_fit_pool.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/host_device.hpp"
@@ -58,6 +59,7 @@ Expected<std::shared_ptr<Device>> make_device(const Config& config) {
 
   // Decorators over the device, innermost first. The cross-process ledger
   // (config.ledger, config.quota) wraps the device here.
+  if (config.ledger.value) return make_ledger_device(config, std::move(device));
 
   return device;
 }
@@ -85,9 +87,10 @@ Status mode_supported(Mode mode, const Device& device) {
   return unavailable(mode, "unknown mode");
 }
 
-Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& config,
-                                                    std::shared_ptr<Device> device) {
-  if (!device) return Error(Errc::invalid_argument, "make_allocator: no device");
+namespace {
+
+Expected<std::unique_ptr<Allocator>> make_pool(Mode mode, const Config& config,
+                                               std::shared_ptr<Device> device) {
   if (Status supported = mode_supported(mode, *device); !supported)
     return std::move(supported).error();
   // JAX: the fraction is of the device's total memory (not of what is free),
@@ -126,6 +129,17 @@ Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& con
       break;  // refused by mode_supported until its pool is built in
   }
   return unavailable(mode, "unknown mode");
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& config,
+                                                    std::shared_ptr<Device> device) {
+  if (!device) return Error(Errc::invalid_argument, "make_allocator: no device");
+  auto pool = make_pool(mode, config, std::move(device));
+  if (!pool) return pool;
+  // Over a ledger, the pool answers other processes' trim requests.
+  return with_ledger_trim_hooks(mode, std::move(*pool));
 }
 
 Expected<std::unique_ptr<Allocator>> make_allocator(const Config& config,

@@ -1,0 +1,96 @@
+// The cross-process ledger in the stack: the device decorator with the
+// process's quota, and the pool's trim as the process's answer to others.
+#include "config/ledger_stack.hpp"
+
+#include <string>
+#include <utility>
+
+#include "tidepool/ledger.hpp"
+#include "tidepool/units.hpp"
+
+namespace tidepool {
+namespace {
+
+/// The LedgerDevice at or below `device`, or nullptr.
+LedgerDevice* find_ledger_device(Device& device) {
+  for (Device* current = &device; current != nullptr;) {
+    if (auto* ledger = dynamic_cast<LedgerDevice*>(current)) return ledger;
+    auto* adaptor = dynamic_cast<DeviceAdaptor*>(current);
+    current = adaptor != nullptr ? &adaptor->upstream() : nullptr;
+  }
+  return nullptr;
+}
+
+/// Owns a pool whose trim answers the ledger's requests. The pool holds the
+/// device chain, so the LedgerDevice outlives this object; the hooks are
+/// cleared first in the destructor, so none runs on a destroyed pool.
+class LedgerTrimmedAllocator final : public Allocator {
+ public:
+  LedgerTrimmedAllocator(std::unique_ptr<Allocator> pool, LedgerDevice& ledger, bool answers_trim)
+      : pool_(std::move(pool)), ledger_(ledger) {
+    Allocator& pool_ref = *pool_;
+    TrimHooks hooks;
+    if (answers_trim) hooks.trim = [&pool_ref] { return pool_ref.trim(); };
+    hooks.cached_free_bytes = [&pool_ref] {
+      const Stats stats = pool_ref.stats();
+      return stats.bytes_reserved > stats.bytes_in_use
+                 ? static_cast<std::size_t>(stats.bytes_reserved - stats.bytes_in_use)
+                 : std::size_t{0};
+    };
+    ledger_.set_trim_hooks(std::move(hooks));
+  }
+  ~LedgerTrimmedAllocator() override { ledger_.clear_trim_hooks(); }
+  LedgerTrimmedAllocator(const LedgerTrimmedAllocator&) = delete;
+  LedgerTrimmedAllocator& operator=(const LedgerTrimmedAllocator&) = delete;
+
+  std::string_view name() const override { return pool_->name(); }
+  Expected<void*> allocate(std::size_t bytes, Stream stream) override {
+    // One relaxed load when no one asks: the cached path stays as fast.
+    if (ledger_.trim_requested()) ledger_.answer_trim_requests();
+    return pool_->allocate(bytes, stream);
+  }
+  Status deallocate(void* ptr, Stream stream) override { return pool_->deallocate(ptr, stream); }
+  Stats stats() const override { return pool_->stats(); }
+  std::size_t trim() override { return pool_->trim(); }
+  std::string dump() const override { return pool_->dump(); }
+  Device& device() const override { return pool_->device(); }
+
+ private:
+  std::unique_ptr<Allocator> pool_;
+  LedgerDevice& ledger_;
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
+                                                     std::shared_ptr<Device> device) {
+  if (!device) return Error(Errc::invalid_argument, "make_ledger_device: no device");
+  LedgerOptions options;
+  options.mode = config.ledger_mode.value;
+  if (config.quota.value) {
+    const std::size_t total = device->mem_info().total_bytes;
+    options.quota_bytes = config.quota.value->resolve(total);
+    if (options.quota_bytes == 0)
+      return Error(Errc::invalid_argument, "TIDEPOOL_QUOTA='" + config.quota.text + "' is 0 bytes of the " +
+                                               format_bytes(total) + " device; allowed: a larger quota");
+  }
+  auto ledger = LedgerDevice::create(std::move(device), options);
+  if (!ledger) {
+    // Name the variable: the quota is what the user can change. An
+    // out_of_memory keeps its report, whose hint names TIDEPOOL_QUOTA.
+    if (!config.quota.value || ledger.error().code() == Errc::out_of_memory) return std::move(ledger).error();
+    return Error(ledger.error().code(), "TIDEPOOL_QUOTA='" + config.quota.text + "' (" +
+                                            format_bytes(options.quota_bytes) + "): " + ledger.error().message());
+  }
+  return std::shared_ptr<Device>(std::move(*ledger));
+}
+
+std::unique_ptr<Allocator> with_ledger_trim_hooks(Mode mode, std::unique_ptr<Allocator> pool) {
+  LedgerDevice* ledger = find_ledger_device(pool->device());
+  if (ledger == nullptr) return pool;
+  // A preallocated pool never gives its region back: it reports, it does not answer.
+  const bool answers_trim = mode != Mode::preallocate;
+  return std::make_unique<LedgerTrimmedAllocator>(std::move(pool), *ledger, answers_trim);
+}
+
+}  // namespace tidepool
