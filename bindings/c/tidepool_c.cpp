@@ -1,0 +1,182 @@
+// The C ABI (include/tidepool/tidepool.h) over the config layer's stack. No
+// exception leaves: each entry point catches and turns it into a code and
+// the thread's last error.
+#include "tidepool/tidepool.h"
+
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "settings.hpp"
+#include "tidepool/allocator.hpp"
+#include "tidepool/config.hpp"
+
+struct tidepool_allocator {
+  tidepool::bindings::Stack stack;
+  std::string name;  // the pool's name, NUL-terminated for tidepool_allocator_name
+};
+
+namespace {
+
+using tidepool::Errc;
+using tidepool::Error;
+
+thread_local std::string last_error;
+
+int status_of(Errc code) {
+  switch (code) {
+    case Errc::out_of_memory: return TIDEPOOL_ERROR_OUT_OF_MEMORY;
+    case Errc::invalid_argument: return TIDEPOOL_ERROR_INVALID_ARGUMENT;
+    case Errc::invalid_pointer: return TIDEPOOL_ERROR_INVALID_POINTER;
+    case Errc::double_free: return TIDEPOOL_ERROR_DOUBLE_FREE;
+    case Errc::unsupported: return TIDEPOOL_ERROR_UNSUPPORTED;
+    case Errc::device_error: return TIDEPOOL_ERROR_DEVICE;
+    case Errc::limit_reached: return TIDEPOOL_ERROR_LIMIT_REACHED;
+    case Errc::corrupt_data: return TIDEPOOL_ERROR_CORRUPT_DATA;
+    case Errc::io_error: return TIDEPOOL_ERROR_IO;
+  }
+  return TIDEPOOL_ERROR_INTERNAL;
+}
+
+int fail(const Error& error) {
+  last_error = error.message();
+  return status_of(error.code());
+}
+
+int fail(int status, std::string message) {
+  last_error = std::move(message);
+  return status;
+}
+
+/// Runs `body` (returning a status); exceptions become TIDEPOOL_ERROR_INTERNAL
+/// (or out_of_memory for std::bad_alloc) with their message.
+template <class Body>
+int guarded(const char* function, Body&& body) noexcept {
+  try {
+    last_error.clear();
+    return body();
+  } catch (const tidepool::Exception& error) {
+    return fail(error.error());
+  } catch (const std::bad_alloc&) {
+    return fail(TIDEPOOL_ERROR_OUT_OF_MEMORY, std::string(function) + ": out of host memory");
+  } catch (const std::exception& error) {
+    return fail(TIDEPOOL_ERROR_INTERNAL, std::string(function) + ": " + error.what());
+  } catch (...) {
+    return fail(TIDEPOOL_ERROR_INTERNAL, std::string(function) + ": unknown exception");
+  }
+}
+
+int null_argument(const char* function, const char* argument) {
+  return fail(TIDEPOOL_ERROR_INVALID_ARGUMENT,
+              std::string(function) + ": " + argument + " is NULL");
+}
+
+int create_from(const tidepool::Expected<tidepool::Config>& config, tidepool_allocator** out) {
+  if (!config) return fail(config.error());
+  auto stack = tidepool::bindings::make_stack(*config);
+  if (!stack) return fail(stack.error());
+  std::string name(stack->allocator->name());
+  *out = new tidepool_allocator{std::move(*stack), std::move(name)};
+  return TIDEPOOL_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tidepool_version(void) { return TIDEPOOL_VERSION; }
+
+const char* tidepool_status_name(int status) {
+  switch (status) {
+    case TIDEPOOL_OK: return "ok";
+    case TIDEPOOL_ERROR_INTERNAL: return "internal";
+    default:
+      if (status >= TIDEPOOL_ERROR_OUT_OF_MEMORY && status <= TIDEPOOL_ERROR_IO)
+        return tidepool::errc_name(static_cast<Errc>(status - 1));
+      return "unknown";
+  }
+}
+
+const char* tidepool_last_error(void) { return last_error.c_str(); }
+
+int tidepool_create(const char* config, tidepool_allocator** out) {
+  return guarded("tidepool_create", [&]() -> int {
+    if (out == nullptr) return null_argument("tidepool_create", "out");
+    auto settings = tidepool::bindings::parse_config_string(config ? config : "");
+    if (!settings) return fail(settings.error());
+    return create_from(tidepool::bindings::config_from_settings(*settings), out);
+  });
+}
+
+int tidepool_create_from_env(tidepool_allocator** out) {
+  return guarded("tidepool_create_from_env", [&]() -> int {
+    if (out == nullptr) return null_argument("tidepool_create_from_env", "out");
+    return create_from(tidepool::Config::from_env(), out);
+  });
+}
+
+void tidepool_destroy(tidepool_allocator* allocator) {
+  (void)guarded("tidepool_destroy", [&]() -> int {
+    delete allocator;
+    return TIDEPOOL_OK;
+  });
+}
+
+int tidepool_allocate(tidepool_allocator* allocator, size_t bytes, tidepool_stream stream,
+                      void** out) {
+  return guarded("tidepool_allocate", [&]() -> int {
+    if (allocator == nullptr) return null_argument("tidepool_allocate", "allocator");
+    if (out == nullptr) return null_argument("tidepool_allocate", "out");
+    auto block = allocator->stack.allocator->allocate(bytes, stream);
+    if (!block) return fail(block.error());
+    *out = *block;
+    return TIDEPOOL_OK;
+  });
+}
+
+int tidepool_free(tidepool_allocator* allocator, void* ptr, tidepool_stream stream) {
+  return guarded("tidepool_free", [&]() -> int {
+    if (allocator == nullptr) return null_argument("tidepool_free", "allocator");
+    auto status = allocator->stack.allocator->deallocate(ptr, stream);
+    if (!status) return fail(status.error());
+    return TIDEPOOL_OK;
+  });
+}
+
+int tidepool_get_stats(const tidepool_allocator* allocator, tidepool_stats* out, size_t out_size) {
+  return guarded("tidepool_get_stats", [&]() -> int {
+    if (allocator == nullptr) return null_argument("tidepool_get_stats", "allocator");
+    if (out == nullptr) return null_argument("tidepool_get_stats", "out");
+    const tidepool::Stats s = allocator->stack.allocator->stats();
+    const tidepool_stats full{s.bytes_in_use,      s.peak_bytes_in_use,  s.num_allocs,
+                              s.largest_alloc_size, s.bytes_limit,        s.bytes_reserved,
+                              s.peak_bytes_reserved, s.largest_free_block_bytes,
+                              s.pool_bytes,        s.peak_pool_bytes,    s.num_device_allocs,
+                              s.num_device_frees,  s.num_ooms,           s.bytes_mapped,
+                              s.granules_free,     s.num_maps,           s.num_unmaps,
+                              s.num_stitches,      s.num_releases};
+    // A counter added to Stats must be added to the struct (at its end).
+    if (s.items().size() != sizeof(tidepool_stats) / sizeof(std::int64_t))
+      return fail(TIDEPOOL_ERROR_INTERNAL, "tidepool_get_stats: tidepool_stats lacks counters of Stats");
+    std::memset(out, 0, out_size);
+    std::memcpy(out, &full, out_size < sizeof full ? out_size : sizeof full);
+    return TIDEPOOL_OK;
+  });
+}
+
+int tidepool_trim(tidepool_allocator* allocator, size_t* released) {
+  return guarded("tidepool_trim", [&]() -> int {
+    if (allocator == nullptr) return null_argument("tidepool_trim", "allocator");
+    const std::size_t bytes = allocator->stack.allocator->trim();
+    if (released != nullptr) *released = bytes;
+    return TIDEPOOL_OK;
+  });
+}
+
+const char* tidepool_allocator_name(const tidepool_allocator* allocator) {
+  if (allocator == nullptr) return nullptr;
+  return allocator->name.c_str();
+}
+
+}  // extern "C"
