@@ -48,6 +48,7 @@ const std::vector<std::pair<std::string_view, std::string_view>>& setting_keys()
       {"release_threshold", "TIDEPOOL_RELEASE_THRESHOLD"},
       {"quota", "TIDEPOOL_QUOTA"},
       {"ledger", "TIDEPOOL_LEDGER"},
+      {"ledger_mode", "TIDEPOOL_LEDGER_MODE"},
   };
   return keys;
 }
@@ -94,7 +95,7 @@ Expected<Config> config_from_settings(const Settings& settings) {
   for (std::string* source :
        {&config->mode.source, &config->mem_fraction.source, &config->preallocate.source,
         &config->device.source, &config->host_capacity.source, &config->release_threshold.source,
-        &config->quota.source, &config->ledger.source})
+        &config->quota.source, &config->ledger.source, &config->ledger_mode.source})
     *source = in_keys(std::move(*source));
   for (std::string& text : config->warnings) text = in_keys(std::move(text));
   for (std::string& text : config->notes) text = in_keys(std::move(text));

@@ -1,0 +1,383 @@
+// The Python module tidepool._tidepool: Allocator, replay, ledger, and
+// exceptions carrying tidepool's messages. The package (tidepool/__init__.py)
+// re-exports it. Values cross as Python ints, strs and dicts; no numpy.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "settings.hpp"
+#include "tidepool/allocator.hpp"
+#include "tidepool/config.hpp"
+#include "tidepool/ledger.hpp"
+#include "tidepool/replay.hpp"
+#include "tidepool/trace_io.hpp"
+#include "tidepool/units.hpp"
+#include "tidepool/workloads.hpp"
+
+namespace py = pybind11;
+
+namespace tidepool::python {
+namespace {
+
+/// The Python exception classes, one per Errc, made at import.
+struct Exceptions {
+  py::object base;                 // tidepool.Error
+  std::vector<py::object> by_code; // indexed by Errc
+};
+Exceptions& exceptions() {
+  static Exceptions* instance = new Exceptions();  // never destroyed: outlives the interpreter's teardown
+  return *instance;
+}
+
+[[noreturn]] void raise(const Error& error) { throw Exception(error); }
+
+template <class T>
+T take(Expected<T> result) {
+  if (!result) raise(result.error());
+  return std::move(*result);
+}
+void check(const Status& status) {
+  if (!status) raise(status.error());
+}
+
+/// A keyword argument as the text a TIDEPOOL_* variable would hold: bools
+/// as true/false, numbers as Python writes them, strings as given.
+std::string setting_text(const std::string& key, const py::handle& value) {
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>() ? "true" : "false";
+  if (py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value) ||
+      py::isinstance<py::str>(value))
+    return py::str(value).cast<std::string>();
+  raise(Error(Errc::invalid_argument, key + "=" + py::repr(value).cast<std::string>() +
+                                          ": expected a str, int, float or bool"));
+}
+
+py::dict stats_dict(const Stats& stats) {
+  py::dict out;
+  for (const auto& [name, value] : stats.items()) out[py::str(std::string(name))] = value;
+  return out;
+}
+
+/// A pool and its device, as the Python object Allocator.
+class PyAllocator {
+ public:
+  explicit PyAllocator(bindings::Stack stack) : stack_(std::move(stack)) {}
+
+  static std::unique_ptr<PyAllocator> from_settings(const py::kwargs& kwargs) {
+    bindings::Settings settings;
+    for (const auto& [key, value] : kwargs) {
+      if (value.is_none()) continue;  // None: the default
+      const std::string name = py::str(key).cast<std::string>();
+      settings.emplace_back(name, setting_text(name, value));
+    }
+    return build(bindings::config_from_settings(settings));
+  }
+  static std::unique_ptr<PyAllocator> from_env() { return build(Config::from_env()); }
+
+  std::uintptr_t allocate(std::size_t bytes, Stream stream) {
+    return reinterpret_cast<std::uintptr_t>(take(pool().allocate(bytes, stream)));
+  }
+  void free(std::uintptr_t address, Stream stream) {
+    check(pool().deallocate(reinterpret_cast<void*>(address), stream));
+  }
+  py::dict memory_stats() const { return stats_dict(pool().stats()); }
+  std::size_t trim() { return pool().trim(); }
+  std::string dump() const { return pool().dump(); }
+  std::string name() const { return std::string(pool().name()); }
+  std::string device() const { return pool().device().description(); }
+  void close() { stack_ = {}; }
+
+ private:
+  static std::unique_ptr<PyAllocator> build(Expected<Config> config) {
+    return std::make_unique<PyAllocator>(take(bindings::make_stack(take(std::move(config)))));
+  }
+  Allocator& pool() const {
+    if (!stack_.allocator) raise(Error(Errc::invalid_argument, "the allocator is closed"));
+    return *stack_.allocator;
+  }
+  bindings::Stack stack_;
+};
+
+py::dict series_point(const trace::SeriesPoint& point) {
+  py::dict out;
+  out["x"] = point.x;
+  out["live_bytes"] = point.live_bytes;
+  out["reserved_bytes"] = point.reserved_bytes;
+  return out;
+}
+
+template <class Points>
+py::list series_list(const Points& points) {
+  py::list out;
+  for (const auto& point : points) out.append(series_point(point));
+  return out;
+}
+
+/// One row of the replay table (report::replay_table) with every figure.
+py::dict mode_row(const trace::TraceReplay& replay, const trace::ModeReplay& mode, bool series) {
+  py::dict row;
+  row["trace"] = replay.trace_name;
+  row["mode"] = std::string(mode_name(mode.mode));
+  row["capacity_bytes"] = mode.capacity_bytes;
+  row["events"] = mode.events;
+  row["peak_live_bytes"] = mode.peak_live_bytes;
+  row["peak_live_rounded_bytes"] = mode.peak_live_rounded_bytes;
+  row["initial_reserved_bytes"] = mode.initial_reserved_bytes;
+  row["peak_reserved_bytes"] = mode.peak_reserved_bytes;
+  row["final_reserved_bytes"] = mode.final_reserved_bytes;
+  row["average_reserved_bytes"] = mode.average_reserved_bytes;
+  row["fragmentation"] = mode.fragmentation;
+  row["address_high_water_bytes"] = py::cast(mode.address_high_water_bytes);
+  row["min_capacity_bytes"] = py::cast(mode.min_capacity_bytes);
+  row["min_capacity_ratio"] = mode.min_capacity_ratio();
+  const trace::DeviceCalls& calls = mode.device_calls;
+  py::dict device_calls;
+  device_calls["allocs"] = calls.allocs;
+  device_calls["frees"] = calls.frees;
+  device_calls["creates"] = calls.creates;
+  device_calls["releases"] = calls.releases;
+  device_calls["maps"] = calls.maps;
+  device_calls["unmaps"] = calls.unmaps;
+  device_calls["reserves"] = calls.reserves;
+  device_calls["total"] = calls.total();
+  device_calls["device_ns"] = calls.device_ns;
+  row["device_calls"] = device_calls;
+  row["ooms"] = mode.ooms;
+  if (mode.first_oom) {
+    py::dict oom;
+    oom["event_index"] = mode.first_oom->event_index;
+    oom["block"] = mode.first_oom->block;
+    oom["requested_bytes"] = mode.first_oom->requested_bytes;
+    oom["message"] = mode.first_oom->message;
+    row["first_oom"] = oom;
+  } else {
+    row["first_oom"] = py::none();
+  }
+  row["ns_per_op"] = mode.ns_per_op();
+  row["events_per_second"] = mode.events_per_second();
+  row["stats"] = stats_dict(mode.stats);
+  if (series) row["series"] = series_list(mode.series);
+  return row;
+}
+
+/// The recorded allocator's row (PyTorch's reserved bytes), mode = its label.
+py::dict recorded_row(const trace::TraceReplay& replay, const trace::RecordedReplay& recorded,
+                      bool series) {
+  py::dict row;
+  row["trace"] = replay.trace_name;
+  row["mode"] = recorded.label;
+  row["initial_reserved_bytes"] = recorded.initial_reserved_bytes;
+  row["peak_reserved_bytes"] = recorded.peak_reserved_bytes;
+  row["average_reserved_bytes"] = recorded.average_reserved_bytes;
+  row["fragmentation"] = recorded.fragmentation;
+  if (series) row["series"] = series_list(recorded.series);
+  return row;
+}
+
+std::size_t bytes_argument(const char* name, const py::handle& value) {
+  if (py::isinstance<py::int_>(value)) {
+    const auto bytes = value.cast<long long>();
+    if (bytes < 0) raise(Error(Errc::invalid_argument, std::string(name) + "=" + std::to_string(bytes) + ": must not be negative"));
+    return static_cast<std::size_t>(bytes);
+  }
+  if (py::isinstance<py::str>(value)) {
+    auto bytes = parse_bytes(value.cast<std::string>());
+    if (!bytes)
+      raise(Error(Errc::invalid_argument, std::string(name) + ": " + bytes.error().message()));
+    return *bytes;
+  }
+  raise(Error(Errc::invalid_argument, std::string(name) + "=" + py::repr(value).cast<std::string>() +
+                                          ": expected bytes as an int or a size like '80GiB'"));
+}
+
+py::list replay(const std::string& source, const std::optional<std::vector<std::string>>& mode_names,
+                const py::object& capacity, const py::object& mem_fraction, bool find_min_capacity,
+                bool verify_contents, bool series) {
+  trace::ReplayOptions options;
+  if (!capacity.is_none()) options.capacity_bytes = bytes_argument("capacity", capacity);
+  if (!mem_fraction.is_none())
+    options.config = take(bindings::config_from_settings({{"mem_fraction", setting_text("mem_fraction", mem_fraction)}}));
+  options.find_min_capacity = find_min_capacity;
+  options.verify_contents = verify_contents;
+  std::vector<Mode> modes;
+  if (mode_names) {
+    for (const std::string& name : *mode_names) modes.push_back(take(parse_mode(name)));
+  } else {
+    modes = trace::default_replay_modes();
+  }
+
+  trace::TraceReplay result;
+  {
+    py::gil_scoped_release unlocked;
+    std::error_code ignored;
+    Expected<trace::Trace> trace =
+        std::filesystem::exists(source, ignored) ? trace::read_trace(source) : [&]() -> Expected<trace::Trace> {
+          auto workload = trace::make_workload(source);
+          if (workload) return workload;
+          return Error(Errc::invalid_argument, "'" + source + "' is neither a trace file nor a built-in workload (" +
+                                                   workload.error().message() + ")");
+        }();
+    result = take(trace::replay(take(std::move(trace)), modes, options));
+  }
+  py::list rows;
+  for (const auto& mode : result.modes) rows.append(mode_row(result, mode, series));
+  if (result.recorded) rows.append(recorded_row(result, *result.recorded, series));
+  return rows;
+}
+
+py::dict ledger_snapshot(const std::optional<std::string>& segment) {
+  std::string name;
+  if (segment) {
+    name = *segment;
+  } else {
+    // The ledger of the device the environment configures (as `tidepool info`).
+    Config config = take(Config::from_env());
+    name = ledger_segment_name(take(make_device(config))->id());
+  }
+  LedgerSnapshot snapshot = [&] {
+    py::gil_scoped_release unlocked;
+    auto ledger = take(Ledger::open_existing(name));
+    return take(ledger->snapshot());
+  }();
+  py::dict out;
+  out["segment_name"] = snapshot.segment_name;
+  out["device_id"] = snapshot.device_id;
+  out["limit_bytes"] = snapshot.limit_bytes;
+  out["device_total_bytes"] = snapshot.device_total_bytes;
+  out["reserved_bytes"] = snapshot.reserved_bytes;
+  out["peak_reserved_bytes"] = snapshot.peak_reserved_bytes;
+  out["committed_bytes"] = snapshot.committed_bytes();
+  out["reclaimed_entries"] = snapshot.reclaimed_entries;
+  out["lock_recoveries"] = snapshot.lock_recoveries;
+  out["entry_capacity"] = snapshot.entry_capacity;
+  py::list entries;
+  for (const LedgerEntryInfo& entry : snapshot.entries) {
+    py::dict e;
+    e["slot"] = entry.slot;
+    e["pid"] = entry.pid;
+    e["start_time"] = entry.start_time;
+    e["command"] = entry.command;
+    e["reserved_bytes"] = entry.reserved_bytes;
+    e["quota_bytes"] = entry.quota_bytes;
+    e["cached_free_bytes"] = entry.cached_free_bytes;
+    e["wanted_bytes"] = entry.wanted_bytes;
+    e["trim_requests"] = entry.trim_requests;
+    e["trims_answered"] = entry.trims_answered;
+    e["bytes_trimmed"] = entry.bytes_trimmed;
+    e["answers_trim"] = entry.answers_trim;
+    e["alive"] = entry.alive;
+    entries.append(e);
+  }
+  out["entries"] = entries;
+  return out;
+}
+
+void make_exceptions(py::module_& m) {
+  Exceptions& ex = exceptions();
+  ex.base = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "tidepool.Error", "A tidepool error; .code names it (e.g. 'out_of_memory').", PyExc_RuntimeError, nullptr));
+  m.attr("Error") = ex.base;
+  // Each code a subclass, also of the built-in exception a Python caller expects.
+  struct Kind {
+    Errc code;
+    const char* name;
+    PyObject* builtin;
+  };
+  const Kind kinds[] = {
+      {Errc::out_of_memory, "OutOfMemoryError", PyExc_MemoryError},
+      {Errc::invalid_argument, "InvalidArgumentError", PyExc_ValueError},
+      {Errc::invalid_pointer, "InvalidPointerError", PyExc_ValueError},
+      {Errc::double_free, "DoubleFreeError", PyExc_ValueError},
+      {Errc::unsupported, "UnsupportedError", PyExc_NotImplementedError},
+      {Errc::device_error, "DeviceError", nullptr},
+      {Errc::limit_reached, "LimitReachedError", nullptr},
+      {Errc::corrupt_data, "CorruptDataError", PyExc_ValueError},
+      {Errc::io_error, "IOError", PyExc_OSError},
+  };
+  ex.by_code.resize(std::size(kinds));
+  for (const Kind& kind : kinds) {
+    py::tuple bases = kind.builtin ? py::make_tuple(ex.base, py::handle(kind.builtin)) : py::make_tuple(ex.base);
+    const std::string qualified = std::string("tidepool.") + kind.name;
+    auto type = py::reinterpret_steal<py::object>(
+        PyErr_NewException(qualified.c_str(), bases.ptr(), nullptr));
+    m.attr(kind.name) = type;
+    ex.by_code[static_cast<std::size_t>(kind.code)] = type;
+  }
+  py::register_exception_translator([](std::exception_ptr thrown) {
+    try {
+      if (thrown) std::rethrow_exception(thrown);
+    } catch (const Exception& error) {
+      const auto index = static_cast<std::size_t>(error.error().code());
+      py::object type = index < exceptions().by_code.size() ? exceptions().by_code[index] : exceptions().base;
+      py::object value = type(error.error().message());
+      value.attr("code") = errc_name(error.error().code());
+      PyErr_SetObject(type.ptr(), value.ptr());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace tidepool::python
+
+PYBIND11_MODULE(_tidepool, m) {
+  using namespace tidepool;
+  using namespace tidepool::python;
+  m.doc() = "tidepool: GPU device memory allocation (docs/interop.md)";
+  make_exceptions(m);
+
+  py::class_<PyAllocator>(m, "Allocator", R"doc(
+A tidepool allocator: a pool over a device, built as the config layer builds it.
+
+Allocator(mode=..., device=..., capacity=..., mem_fraction=..., preallocate=...,
+          release_threshold=..., quota=..., ledger=...)
+Each keyword is the TIDEPOOL_* variable of the same meaning (mode is
+TIDEPOOL_ALLOCATOR, capacity TIDEPOOL_HOST_CAPACITY); values are strs
+("16GiB"), ints (bytes), floats or bools. Omitted keywords take their
+defaults; the environment is not read (Allocator.from_env() reads it).)doc")
+      .def(py::init(&PyAllocator::from_settings))
+      .def_static("from_env", &PyAllocator::from_env,
+                  "An allocator configured by the environment (XLA_PYTHON_CLIENT_*, TIDEPOOL_*).")
+      .def("allocate", &PyAllocator::allocate, py::arg("bytes"), py::arg("stream") = 0,
+           py::call_guard<py::gil_scoped_release>(),
+           "The address (an int) of a 256-byte-aligned block of at least `bytes` usable on "
+           "`stream`; 0 for 0 bytes. Raises OutOfMemoryError.")
+      .def("free", &PyAllocator::free, py::arg("address"), py::arg("stream") = 0,
+           py::call_guard<py::gil_scoped_release>(),
+           "Frees a block from allocate(); 0 is a no-op. Raises InvalidPointerError for an "
+           "address never handed out, DoubleFreeError for one freed already.")
+      .def("memory_stats", &PyAllocator::memory_stats,
+           "The counters as a dict with JAX's Device.memory_stats() names (bytes_in_use, "
+           "peak_bytes_in_use, bytes_limit, ...) and tidepool's own.")
+      .def("trim", &PyAllocator::trim, py::call_guard<py::gil_scoped_release>(),
+           "Returns cached free memory to the device; returns the bytes released.")
+      .def("dump", &PyAllocator::dump, "The memory map as text.")
+      .def("close", &PyAllocator::close, "Gives all memory back; later calls raise.")
+      .def_property_readonly("name", &PyAllocator::name, "The pool's name.")
+      .def_property_readonly("device", &PyAllocator::device, "The device's description.");
+
+  m.def("replay", &replay, py::arg("trace"), py::arg("modes") = py::none(),
+        py::arg("capacity") = py::none(), py::arg("mem_fraction") = py::none(),
+        py::arg("find_min_capacity") = false, py::arg("verify_contents") = false,
+        py::arg("series") = false,
+        R"doc(Replays a trace file (PyTorch snapshot, RMM CSV, tidepool) or a built-in
+workload ('train-step', 'llm-inference', 'small-tensors') under each mode, as
+`tidepool replay` does; returns the table's rows as dicts (one per mode, then
+the recorded allocator's row when the trace has segment events).)doc");
+  m.def("ledger", &ledger_snapshot, py::arg("segment") = py::none(),
+        "The cross-process ledger's state as a dict: the segment's totals and one dict per "
+        "registered process. segment: its name ('/tidepool-...'); default: the ledger of the "
+        "device the environment configures. Raises IOError when there is no such segment.");
+  m.def("setting_keys", [] {
+    py::dict out;
+    for (const auto& [key, variable] : bindings::setting_keys())
+      out[py::str(std::string(key))] = std::string(variable);
+    return out;
+  }, "The Allocator keywords and the TIDEPOOL_* variables they stand for.");
+  m.attr("__version__") = TIDEPOOL_VERSION;
+}

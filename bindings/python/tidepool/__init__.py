@@ -1,0 +1,30 @@
+"""tidepool: GPU device memory allocation from Python.
+
+    import tidepool
+    pool = tidepool.Allocator(mode="growth", device="host", capacity="16GiB")
+    address = pool.allocate(1 << 20)
+    pool.free(address)
+    pool.memory_stats()["peak_bytes_in_use"]
+
+    tidepool.replay("train-step", modes=["growth", "platform"])  # the replay table as dicts
+    tidepool.ledger()                                             # the cross-process ledger
+
+tidepool.torch.use() makes PyTorch allocate through tidepool. docs/interop.md.
+"""
+from ._tidepool import (  # noqa: F401
+    Allocator,
+    CorruptDataError,
+    DeviceError,
+    DoubleFreeError,
+    Error,
+    InvalidArgumentError,
+    InvalidPointerError,
+    IOError,
+    LimitReachedError,
+    OutOfMemoryError,
+    UnsupportedError,
+    __version__,
+    ledger,
+    replay,
+    setting_keys,
+)

@@ -1,0 +1,179 @@
+"""The Python package: Allocator, memory_stats with JAX's names, errors as
+exceptions with tidepool's messages, replay rows, and the ledger."""
+import os
+import threading
+
+import pytest
+
+import tidepool
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# JAX's Device.memory_stats() keys that tidepool reports (XLA's AllocatorStats).
+JAX_KEYS = {
+    "bytes_in_use", "peak_bytes_in_use", "num_allocs", "largest_alloc_size",
+    "bytes_limit", "bytes_reserved", "peak_bytes_reserved", "largest_free_block_bytes",
+    "pool_bytes", "peak_pool_bytes",
+}
+
+
+def host(**settings):
+    settings.setdefault("device", "host")
+    settings.setdefault("capacity", "1GiB")
+    return tidepool.Allocator(**settings)
+
+
+def test_allocate_free_and_stats():
+    pool = host(mode="growth")
+    a = pool.allocate(1000)
+    b = pool.allocate(MiB, stream=3)
+    assert isinstance(a, int) and a != 0 and a % 256 == 0
+    assert a + 1000 <= b or b + MiB <= a  # live blocks do not overlap
+    stats = pool.memory_stats()
+    assert JAX_KEYS <= set(stats)
+    assert stats["num_allocs"] == 2
+    assert stats["bytes_in_use"] >= 1000 + MiB
+    assert stats["largest_alloc_size"] >= MiB
+    assert stats["bytes_limit"] == int(0.75 * GiB)  # JAX's default fraction of the device
+    pool.free(a)
+    pool.free(b, stream=3)
+    pool.free(0)
+    assert pool.memory_stats()["bytes_in_use"] == 0
+    assert pool.memory_stats()["peak_bytes_in_use"] >= 1000 + MiB
+    assert pool.allocate(0) == 0
+
+
+def test_settings_types_and_modes():
+    pool = host(mode="preallocate", mem_fraction=0.5, capacity=512 * MiB)
+    stats = pool.memory_stats()
+    assert stats["bytes_limit"] == 256 * MiB
+    assert stats["bytes_reserved"] == 256 * MiB  # preallocated up front
+    assert host(mode="bfc", preallocate=False).memory_stats()["bytes_reserved"] == 0
+    assert host(mode="platform").name != host(mode="growth").name
+    assert "host" in pool.device
+    assert tidepool.setting_keys()["mode"] == "TIDEPOOL_ALLOCATOR"
+
+
+def test_bad_settings_raise_with_the_message():
+    with pytest.raises(tidepool.InvalidArgumentError, match="mode='sideways' is invalid"):
+        host(mode="sideways")
+    with pytest.raises(ValueError, match="capacity='lots'"):  # also a ValueError
+        host(capacity="lots")
+    with pytest.raises(tidepool.Error, match="unknown setting 'colour'") as raised:
+        host(colour="blue")
+    assert raised.value.code == "invalid_argument"
+    with pytest.raises(tidepool.InvalidArgumentError, match="expected a str, int, float or bool"):
+        host(capacity=[1])
+
+
+def test_pointer_errors():
+    pool = host(mode="growth")
+    address = pool.allocate(4096)
+    pool.free(address)
+    with pytest.raises(tidepool.DoubleFreeError) as raised:
+        pool.free(address)
+    assert raised.value.code == "double_free"
+    assert hex(address)[2:] in str(raised.value).lower()  # the message names the pointer
+    with pytest.raises(tidepool.InvalidPointerError):
+        pool.free(address + 64)
+    other = host(mode="platform")
+    theirs = other.allocate(512)
+    with pytest.raises(tidepool.InvalidPointerError):
+        pool.free(theirs)
+    other.free(theirs)
+    # The allocator is unchanged by the refused frees.
+    assert pool.memory_stats()["bytes_in_use"] == 0
+
+
+def test_out_of_memory():
+    pool = host(mode="growth", capacity="256MiB")
+    with pytest.raises(tidepool.OutOfMemoryError) as raised:
+        pool.allocate(GiB)
+    assert isinstance(raised.value, MemoryError)
+    assert str(raised.value)  # carries the pool's report
+    assert pool.memory_stats()["num_ooms"] == 1
+    pool.free(pool.allocate(MiB))  # still works
+
+
+def test_close():
+    pool = host()
+    pool.close()
+    with pytest.raises(tidepool.Error, match="closed"):
+        pool.allocate(16)
+
+
+def test_threads_share_one_allocator():
+    pool = host(mode="growth")
+    errors = []
+
+    def work(stream):
+        try:
+            for size in range(1, 200):
+                pool.free(pool.allocate(size * 256, stream=stream), stream=stream)
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    stats = pool.memory_stats()
+    assert stats["num_allocs"] == 4 * 199 and stats["bytes_in_use"] == 0
+
+
+def test_from_env(monkeypatch):
+    monkeypatch.setenv("TIDEPOOL_DEVICE", "host")
+    monkeypatch.setenv("TIDEPOOL_HOST_CAPACITY", "2GiB")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.5")
+    stats = tidepool.Allocator.from_env().memory_stats()
+    assert stats["bytes_limit"] == GiB and stats["bytes_reserved"] == 0
+    monkeypatch.setenv("TIDEPOOL_ALLOCATOR", "nonsense")
+    with pytest.raises(tidepool.InvalidArgumentError, match="TIDEPOOL_ALLOCATOR='nonsense'"):
+        tidepool.Allocator.from_env()
+    host()  # keywords do not read the environment
+
+
+def test_replay_workload_rows():
+    rows = tidepool.replay("small-tensors", modes=["growth", "platform"], capacity="16GiB")
+    assert [row["mode"] for row in rows] == ["growth", "platform"]
+    growth, platform = rows
+    for row in rows:
+        assert row["trace"] == "small-tensors"
+        assert row["capacity_bytes"] == 16 * GiB
+        assert row["events"] > 0
+        assert row["peak_reserved_bytes"] >= row["peak_live_bytes"] > 0
+        assert row["ooms"] == 0 and row["first_oom"] is None
+        assert JAX_KEYS <= set(row["stats"])
+        assert "series" not in row
+    # platform calls the device for every allocation; the pool caches.
+    assert platform["device_calls"]["allocs"] > growth["device_calls"]["allocs"]
+    assert platform["device_calls"]["allocs"] >= platform["stats"]["num_allocs"]
+    with_series = tidepool.replay("small-tensors", modes=["growth"], capacity=16 * GiB, series=True)
+    assert with_series[0]["series"] and "reserved_bytes" in with_series[0]["series"][0]
+
+
+def test_replay_trace_file_has_the_recorded_row():
+    path = os.path.join(os.environ.get("TRACE_DATA", os.path.join(os.path.dirname(__file__), "..", "data")),
+                        "pytorch", "cs336-magma27.pickle")
+    rows = tidepool.replay(path, modes=["growth"])
+    assert rows[0]["mode"] == "growth"
+    assert rows[-1]["mode"] == "PyTorch (recorded)"
+    assert rows[-1]["peak_reserved_bytes"] > 0
+
+
+def test_replay_errors():
+    with pytest.raises(tidepool.InvalidArgumentError, match="neither a trace file nor a built-in workload"):
+        tidepool.replay("no-such-workload")
+    with pytest.raises(tidepool.InvalidArgumentError, match="unknown mode 'fastest'"):
+        tidepool.replay("small-tensors", modes=["fastest"])
+    with pytest.raises(tidepool.InvalidArgumentError, match="capacity"):
+        tidepool.replay("small-tensors", capacity="huge")
+
+
+def test_ledger_missing_segment():
+    with pytest.raises(tidepool.IOError, match="tidepool-pytest-no-such-segment"):
+        tidepool.ledger("/tidepool-pytest-no-such-segment")
