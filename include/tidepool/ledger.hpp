@@ -44,6 +44,7 @@ struct LedgerEntryInfo {
   std::size_t reserved_bytes = 0;     // bytes it holds from the device
   std::size_t quota_bytes = 0;        // 0: no quota
   std::size_t cached_free_bytes = 0;  // reserved but not in use, as its pools last reported
+  bool cached_free_known = false;     // whether its pools report it (trim hooks are set)
   std::size_t wanted_bytes = 0;       // the request it is waiting for, 0 when none
   std::uint64_t trim_requests = 0;    // trim requests it has posted
   std::uint64_t trims_answered = 0;   // trim requests of others it has answered

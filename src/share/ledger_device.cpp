@@ -277,7 +277,7 @@ Expected<std::shared_ptr<LedgerDevice>> LedgerDevice::create(std::shared_ptr<Dev
     entry.start_time.store(self.start_time, std::memory_order_relaxed);
     entry.reserved_bytes.store(0, std::memory_order_relaxed);
     entry.quota_bytes.store(options.quota_bytes, std::memory_order_relaxed);
-    entry.cached_free_bytes.store(0, std::memory_order_relaxed);
+    entry.cached_free_bytes.store(share::kCachedFreeUnknown, std::memory_order_relaxed);
     entry.wanted_bytes.store(0, std::memory_order_relaxed);
     entry.trim_requests.store(0, std::memory_order_relaxed);
     entry.trims_answered.store(0, std::memory_order_relaxed);
@@ -366,6 +366,7 @@ void LedgerDevice::clear_trim_hooks() {
   std::lock_guard lock(state_->hooks_mutex);
   state_->hooks = TrimHooks{};
   state_->me().answers_trim.store(0, std::memory_order_relaxed);
+  state_->me().cached_free_bytes.store(share::kCachedFreeUnknown, std::memory_order_relaxed);
 }
 
 bool LedgerDevice::trim_requested() const noexcept { return state_->requested(); }

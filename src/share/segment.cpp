@@ -439,7 +439,9 @@ LedgerSnapshot Ledger::Segment::snapshot_locked() const {
     info.command.assign(entry.command, strnlen(entry.command, share::kCommandBytes));
     info.reserved_bytes = entry.reserved_bytes.load(std::memory_order_relaxed);
     info.quota_bytes = entry.quota_bytes.load(std::memory_order_relaxed);
-    info.cached_free_bytes = entry.cached_free_bytes.load(std::memory_order_relaxed);
+    const std::uint64_t cached_free = entry.cached_free_bytes.load(std::memory_order_relaxed);
+    info.cached_free_known = cached_free != share::kCachedFreeUnknown;
+    info.cached_free_bytes = info.cached_free_known ? cached_free : 0;
     info.wanted_bytes = entry.wanted_bytes.load(std::memory_order_relaxed);
     info.trim_requests = entry.trim_requests.load(std::memory_order_relaxed);
     info.trims_answered = entry.trims_answered.load(std::memory_order_relaxed);
@@ -461,7 +463,8 @@ std::string Ledger::Segment::holders_locked(std::uint32_t except_slot) const {
     if (entry.slot == except_slot) continue;
     if (!out.empty()) out += "; ";
     out += "pid " + std::to_string(entry.pid) + " (" + entry.command + ") reserves " +
-           format_bytes(entry.reserved_bytes) + " (" + format_bytes(entry.cached_free_bytes) +
+           format_bytes(entry.reserved_bytes) + " (" +
+           (entry.cached_free_known ? format_bytes(entry.cached_free_bytes) : std::string("unknown")) +
            " cached-free, quota " + (entry.quota_bytes ? format_bytes(entry.quota_bytes) : std::string("none")) +
            (entry.alive ? "" : ", dead") + ")";
   }

@@ -32,6 +32,8 @@ inline constexpr std::uint32_t kEntryFree = 0;
 inline constexpr std::uint32_t kEntryActive = 0x56544341;  // "ACTV"
 inline constexpr std::size_t kDeviceIdBytes = 128;
 inline constexpr std::size_t kCommandBytes = 16;
+/// Entry::cached_free_bytes of a process whose pools do not report it.
+inline constexpr std::uint64_t kCachedFreeUnknown = ~std::uint64_t{0};
 
 /// What the creator writes once; guarded by a checksum.
 struct SegmentIdentity {
@@ -71,7 +73,7 @@ struct alignas(64) Entry {
   std::atomic<std::uint64_t> start_time;
   std::atomic<std::uint64_t> reserved_bytes;
   std::atomic<std::uint64_t> quota_bytes;
-  std::atomic<std::uint64_t> cached_free_bytes;  // written by its owner without the lock
+  std::atomic<std::uint64_t> cached_free_bytes;  // by its owner without the lock; kCachedFreeUnknown: not reported
   std::atomic<std::uint64_t> wanted_bytes;
   std::atomic<std::uint64_t> trim_requests;
   std::atomic<std::uint64_t> trims_answered;
