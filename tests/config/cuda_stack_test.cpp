@@ -13,6 +13,8 @@
 namespace tidepool {
 namespace {
 
+#ifdef TIDEPOOL_HAVE_CUDA
+
 Config load(const std::map<std::string, std::string>& variables) {
   Expected<Config> config = Config::from_env([&](const char* name) -> const char* {
     auto found = variables.find(name);
@@ -21,8 +23,6 @@ Config load(const std::map<std::string, std::string>& variables) {
   if (!config) throw Exception(config.error());
   return std::move(config).value();
 }
-
-#ifdef TIDEPOOL_HAVE_CUDA
 
 TEST(CudaStack, DefaultDeviceFollowsWhatTheMachineHas) {
   const CudaAvailability cuda = cuda_availability();
