@@ -1,0 +1,253 @@
+// `tidepool ledger`, run as the built command against a ledger this test
+// makes: this process registered with a quota, and a child killed with
+// SIGKILL whose entry is left dead; the text, the JSON, --reclaim, and a
+// missing ledger.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "share/ledger_test_support.hpp"
+
+namespace tidepool::test {
+namespace {
+
+#ifdef TIDEPOOL_CLI
+
+struct Result {
+  int exit_status = -1;  // -1: did not exit normally
+  std::string out;
+  std::string err;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs `tidepool args...` with only PATH in its environment, its output in
+// files so neither pipe can fill and block it.
+Result run_cli(const std::vector<std::string>& args) {
+  char dir_template[] = "/tmp/tidepool-ledger-cli-test-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  EXPECT_NE(dir, nullptr);
+  if (dir == nullptr) return {};
+  const std::string out_path = std::string(dir) + "/out";
+  const std::string err_path = std::string(dir) + "/err";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  std::vector<std::string> argv_storage = {TIDEPOOL_CLI};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& arg : argv_storage) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  std::string path = "PATH=/usr/bin:/bin";
+  char* envp[] = {path.data(), nullptr};
+  Result result;
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, TIDEPOOL_CLI, &actions, nullptr, argv.data(), envp);
+  posix_spawn_file_actions_destroy(&actions);
+  EXPECT_EQ(spawned, 0) << "cannot run " << TIDEPOOL_CLI;
+  if (spawned == 0) {
+    int status = 0;
+    EXPECT_EQ(waitpid(pid, &status, 0), pid);
+    if (WIFEXITED(status)) result.exit_status = WEXITSTATUS(status);
+  }
+  result.out = read_file(out_path);
+  result.err = read_file(err_path);
+  unlink(out_path.c_str());
+  unlink(err_path.c_str());
+  rmdir(dir);
+  return result;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// The line of `text` that starts (after padding) with `pid`.
+std::string row_of(const std::string& text, int pid) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string first;
+    words >> first;
+    if (first == std::to_string(pid)) return line;
+  }
+  return {};
+}
+
+constexpr std::size_t kCapacity = 64 * MiB;
+
+// A device of its own name, so that its ledger (named from the device id, as
+// in production) is this test's alone; the segment is unlinked at the end.
+struct CliLedger {
+  CliLedger() {
+    static int counter = 0;
+    device_name = "cli-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+    device_id = "host:" + device_name;
+    segment = ledger_segment_name(device_id);
+    shm_unlink(segment.c_str());
+  }
+  ~CliLedger() { shm_unlink(segment.c_str()); }
+  CliLedger(const CliLedger&) = delete;
+  CliLedger& operator=(const CliLedger&) = delete;
+
+  std::shared_ptr<LedgerDevice> join(std::size_t quota) const {
+    LedgerOptions options;
+    options.quota_bytes = quota;  // the segment name comes from the device id
+    return LedgerDevice::create(make_host(kCapacity, device_name), options).value();
+  }
+
+  std::string device_name;
+  std::string device_id;
+  std::string segment;
+};
+
+// This process holds 4 MiB under a 16 MiB quota and reports 1 MiB cached;
+// a child held 8 MiB and was killed with SIGKILL.
+class LedgerCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    self_ = ledger_.join(16 * MiB);
+    handle_ = self_->create(4 * MiB).value();
+    Pipe ready;
+    child_ = std::make_unique<Child>([&] {
+      auto device = ledger_.join(0);
+      if (!device->create(8 * MiB)) return 2;
+      ready.write_line("holding");
+      for (;;) pause();
+    });
+    ASSERT_EQ(ready.read_line(10s), "holding");
+    child_->kill9();
+    // Set after the fork: the report runs on the ledger's background thread.
+    self_->set_trim_hooks(TrimHooks{{}, [] { return std::size_t{1} * MiB; }});
+  }
+  void TearDown() override {
+    if (self_) {
+      self_->clear_trim_hooks();
+      (void)self_->release(handle_, 4 * MiB);
+    }
+  }
+
+  CliLedger ledger_;
+  std::shared_ptr<LedgerDevice> self_;
+  PhysicalHandle handle_ = 0;
+  std::unique_ptr<Child> child_;
+};
+
+TEST_F(LedgerCommand, TextShowsEachProcessTheDeadOneAndTheTotals) {
+  Result result = run_cli({"ledger", "--device", ledger_.device_id});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  const std::string& out = result.out;
+  EXPECT_TRUE(contains(out, "ledger " + ledger_.segment + " for device " + ledger_.device_id)) << out;
+  EXPECT_TRUE(contains(out, "limit " + format_bytes(kCapacity))) << out;
+  EXPECT_TRUE(contains(out, "reserved " + format_bytes(12 * MiB))) << out;
+  // Committed: our quota (16 MiB); the dead child counts for nothing.
+  EXPECT_TRUE(contains(out, "committed " + format_bytes(16 * MiB))) << out;
+
+  const std::string mine = row_of(out, getpid());
+  ASSERT_FALSE(mine.empty()) << out;
+  EXPECT_TRUE(contains(mine, " yes ")) << mine;
+  EXPECT_TRUE(contains(mine, format_bytes(4 * MiB))) << mine;
+  EXPECT_TRUE(contains(mine, format_bytes(1 * MiB))) << mine;   // cached-free
+  EXPECT_TRUE(contains(mine, format_bytes(16 * MiB))) << mine;  // quota
+
+  const std::string dead = row_of(out, child_->pid());
+  ASSERT_FALSE(dead.empty()) << out;
+  EXPECT_TRUE(contains(dead, "DEAD")) << dead;
+  EXPECT_TRUE(contains(dead, format_bytes(8 * MiB))) << dead;
+  EXPECT_TRUE(contains(dead, " - ")) << dead;  // its cached-free is unknown
+  EXPECT_TRUE(contains(dead, "none")) << dead;  // no quota
+
+  EXPECT_TRUE(contains(out, "1/2")) << out;  // alive/processes in the totals row
+  EXPECT_TRUE(contains(out, "1 dead entry")) << out;
+  EXPECT_TRUE(contains(out, "--reclaim")) << out;
+}
+
+TEST_F(LedgerCommand, JsonHasTheSameFacts) {
+  Result result = run_cli({"ledger", "--device", ledger_.device_id, "--json"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  auto report = nlohmann::json::parse(result.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(report.is_discarded()) << result.out;
+  EXPECT_EQ(report["segment"], ledger_.segment);
+  EXPECT_EQ(report["device_id"], ledger_.device_id);
+  EXPECT_EQ(report["limit_bytes"], kCapacity);
+  EXPECT_EQ(report["reserved_bytes"], 12 * MiB);
+  EXPECT_EQ(report["committed_bytes"], 16 * MiB);
+  EXPECT_FALSE(report.contains("reclaimed_now"));
+  ASSERT_EQ(report["processes"].size(), 2u);
+  for (const auto& process : report["processes"]) {
+    if (process["pid"] == getpid()) {
+      EXPECT_EQ(process["alive"], true);
+      EXPECT_EQ(process["reserved_bytes"], 4 * MiB);
+      EXPECT_EQ(process["quota_bytes"], 16 * MiB);
+      EXPECT_EQ(process["cached_free_bytes"], 1 * MiB);
+      EXPECT_EQ(process["answers_trim"], false);
+    } else {
+      EXPECT_EQ(process["pid"], child_->pid());
+      EXPECT_EQ(process["alive"], false);
+      EXPECT_EQ(process["reserved_bytes"], 8 * MiB);
+      EXPECT_EQ(process["quota_bytes"], 0u);
+      EXPECT_TRUE(process["cached_free_bytes"].is_null());
+    }
+  }
+  EXPECT_EQ(report["totals"]["processes"], 2u);
+  EXPECT_EQ(report["totals"]["alive"], 1u);
+  EXPECT_EQ(report["totals"]["reserved_bytes"], 12 * MiB);
+}
+
+TEST_F(LedgerCommand, ReclaimClearsTheDeadEntryAndSaysHowMany) {
+  Result first = run_cli({"ledger", "--device", ledger_.segment, "--reclaim"});
+  ASSERT_EQ(first.exit_status, 0) << first.err;
+  EXPECT_TRUE(contains(first.out, "reclaimed 1 dead entry")) << first.out;
+  EXPECT_TRUE(row_of(first.out, child_->pid()).empty()) << first.out;
+  EXPECT_FALSE(row_of(first.out, getpid()).empty()) << first.out;
+  EXPECT_TRUE(contains(first.out, "reserved " + format_bytes(4 * MiB))) << first.out;
+
+  Result again = run_cli({"ledger", "--device", ledger_.segment, "--reclaim", "--json"});
+  ASSERT_EQ(again.exit_status, 0) << again.err;
+  auto report = nlohmann::json::parse(again.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(report.is_discarded()) << again.out;
+  EXPECT_EQ(report["reclaimed_now"], 0u);
+  EXPECT_EQ(report["reclaimed_entries"], 1u);  // the segment's count since it was made
+  ASSERT_EQ(report["processes"].size(), 1u);
+  EXPECT_EQ(report["processes"][0]["pid"], getpid());
+}
+
+TEST(LedgerCommandMissing, AMissingLedgerIsAClearError) {
+  const std::string segment = "/tidepool-test-missing-" + std::to_string(getpid());
+  shm_unlink(segment.c_str());
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"ledger", "--device", segment},
+        std::vector<std::string>{"ledger", "--device", segment, "--json"}}) {
+    Result result = run_cli(args);
+    EXPECT_EQ(result.exit_status, 1);
+    EXPECT_TRUE(result.out.empty()) << result.out;
+    EXPECT_TRUE(contains(result.err, "tidepool: error: ledger segment " + segment + " does not exist")) << result.err;
+  }
+  // A device id is turned into its segment's name.
+  Result by_id = run_cli({"ledger", "--device", "host:missing-" + std::to_string(getpid())});
+  EXPECT_EQ(by_id.exit_status, 1);
+  EXPECT_TRUE(contains(by_id.err, "/tidepool-host_missing-" + std::to_string(getpid()))) << by_id.err;
+}
+
+#else
+
+TEST(LedgerCommand, NotBuilt) { GTEST_SKIP() << "the tidepool command is not part of this build"; }
+
+#endif
+
+}  // namespace
+}  // namespace tidepool::test

@@ -1,0 +1,183 @@
+// `tidepool ledger`: like nvidia-smi for pools. Reads a device's cross-process
+// ledger and prints each process (pid, alive, reserved, cached-free, quota,
+// wanted, trim requests) and the totals; --reclaim clears dead entries first.
+// It registers nothing itself: it only reads the segment (and, with
+// --reclaim, clears the entries of processes that died).
+#include <fmt/format.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "command.hpp"
+#include "tidepool/config.hpp"
+#include "tidepool/ledger.hpp"
+#include "tidepool/units.hpp"
+
+namespace tidepool::cli {
+namespace {
+
+struct LedgerCommandOptions {
+  std::string device;  // a device id, or a segment name ("/...")
+  bool json = false;
+  bool reclaim = false;
+};
+
+/// The segment the options name: --device as a segment name when it starts
+/// with '/', else as a device id; without --device, the configured device's.
+Expected<std::string> segment_name(const LedgerCommandOptions& options) {
+  if (!options.device.empty()) {
+    if (options.device.front() == '/') return options.device;
+    return ledger_segment_name(options.device);
+  }
+  auto config = load_config();
+  if (!config) return std::move(config).error();
+  // The bare device: with the ledger on, make_device would register this
+  // command as a process using the device.
+  config->ledger.value = false;
+  auto device = make_device(*config);
+  if (!device) return std::move(device).error();
+  return ledger_segment_name((*device)->id());
+}
+
+std::string bytes_or_none(std::size_t bytes) { return bytes != 0 ? format_bytes(bytes) : "none"; }
+
+struct Totals {
+  std::size_t processes = 0;
+  std::size_t alive = 0;
+  std::size_t reserved_bytes = 0;
+  std::size_t cached_free_bytes = 0;  // over the entries that report it
+  std::size_t quota_bytes = 0;
+  std::size_t wanted_bytes = 0;
+  std::uint64_t trim_requests = 0;
+  std::uint64_t trims_answered = 0;
+  std::size_t bytes_trimmed = 0;
+};
+
+Totals totals_of(const LedgerSnapshot& snapshot) {
+  Totals totals;
+  for (const LedgerEntryInfo& entry : snapshot.entries) {
+    ++totals.processes;
+    totals.alive += entry.alive ? 1 : 0;
+    totals.reserved_bytes += entry.reserved_bytes;
+    totals.cached_free_bytes += entry.cached_free_bytes;
+    totals.quota_bytes += entry.quota_bytes;
+    totals.wanted_bytes += entry.wanted_bytes;
+    totals.trim_requests += entry.trim_requests;
+    totals.trims_answered += entry.trims_answered;
+    totals.bytes_trimmed += entry.bytes_trimmed;
+  }
+  return totals;
+}
+
+nlohmann::json to_json(const LedgerSnapshot& snapshot, const LedgerCommandOptions& options,
+                       std::size_t reclaimed) {
+  nlohmann::json processes = nlohmann::json::array();
+  for (const LedgerEntryInfo& entry : snapshot.entries) {
+    processes.push_back({{"slot", entry.slot},
+                         {"pid", entry.pid},
+                         {"command", entry.command},
+                         {"alive", entry.alive},
+                         {"start_time", entry.start_time},
+                         {"reserved_bytes", entry.reserved_bytes},
+                         // null: the process's pools do not report it
+                         {"cached_free_bytes", entry.cached_free_known
+                                                   ? nlohmann::json(entry.cached_free_bytes)
+                                                   : nlohmann::json(nullptr)},
+                         {"quota_bytes", entry.quota_bytes},
+                         {"wanted_bytes", entry.wanted_bytes},
+                         {"trim_requests", entry.trim_requests},
+                         {"trims_answered", entry.trims_answered},
+                         {"bytes_trimmed", entry.bytes_trimmed},
+                         {"answers_trim", entry.answers_trim}});
+  }
+  const Totals totals = totals_of(snapshot);
+  nlohmann::json out{{"segment", snapshot.segment_name},
+                     {"device_id", snapshot.device_id},
+                     {"limit_bytes", snapshot.limit_bytes},
+                     {"device_total_bytes", snapshot.device_total_bytes},
+                     {"reserved_bytes", snapshot.reserved_bytes},
+                     {"committed_bytes", snapshot.committed_bytes()},
+                     {"peak_reserved_bytes", snapshot.peak_reserved_bytes},
+                     {"reclaimed_entries", snapshot.reclaimed_entries},
+                     {"lock_recoveries", snapshot.lock_recoveries},
+                     {"entry_capacity", snapshot.entry_capacity},
+                     {"processes", processes},
+                     {"totals",
+                      {{"processes", totals.processes},
+                       {"alive", totals.alive},
+                       {"reserved_bytes", totals.reserved_bytes},
+                       {"cached_free_bytes", totals.cached_free_bytes},
+                       {"quota_bytes", totals.quota_bytes},
+                       {"wanted_bytes", totals.wanted_bytes},
+                       {"trim_requests", totals.trim_requests},
+                       {"trims_answered", totals.trims_answered},
+                       {"bytes_trimmed", totals.bytes_trimmed}}}};
+  if (options.reclaim) out["reclaimed_now"] = reclaimed;
+  return out;
+}
+
+void print_text(const LedgerSnapshot& snapshot, const LedgerCommandOptions& options, std::size_t reclaimed) {
+  if (options.reclaim) fmt::print("reclaimed {} dead entr{}\n\n", reclaimed, reclaimed == 1 ? "y" : "ies");
+  fmt::print("ledger {} for device {}\n", snapshot.segment_name, snapshot.device_id);
+  fmt::print("  limit {} (device {}), reserved {}, committed {}, peak {}\n", format_bytes(snapshot.limit_bytes),
+             format_bytes(snapshot.device_total_bytes), format_bytes(snapshot.reserved_bytes),
+             format_bytes(snapshot.committed_bytes()), format_bytes(snapshot.peak_reserved_bytes));
+  fmt::print("  {} of {} entries used; {} dead entries reclaimed so far, {} lock recoveries\n\n",
+             snapshot.entries.size(), snapshot.entry_capacity, snapshot.reclaimed_entries,
+             snapshot.lock_recoveries);
+  constexpr const char* kRow = "{:>8}  {:<5}  {:<15}  {:>10}  {:>11}  {:>10}  {:>10}  {:>9}  {:>8}  {:>10}\n";
+  fmt::print(kRow, "PID", "ALIVE", "COMMAND", "RESERVED", "CACHED-FREE", "QUOTA", "WANTED", "TRIM-REQS",
+             "ANSWERED", "TRIMMED");
+  for (const LedgerEntryInfo& entry : snapshot.entries) {
+    fmt::print(kRow, entry.pid, entry.alive ? "yes" : "DEAD", entry.command, format_bytes(entry.reserved_bytes),
+               entry.cached_free_known ? format_bytes(entry.cached_free_bytes) : "-",
+               bytes_or_none(entry.quota_bytes), entry.wanted_bytes ? format_bytes(entry.wanted_bytes) : "-",
+               entry.trim_requests, entry.trims_answered, format_bytes(entry.bytes_trimmed));
+  }
+  const Totals totals = totals_of(snapshot);
+  fmt::print(kRow, "total", fmt::format("{}/{}", totals.alive, totals.processes), "alive/processes",
+             format_bytes(totals.reserved_bytes), format_bytes(totals.cached_free_bytes),
+             bytes_or_none(totals.quota_bytes), totals.wanted_bytes ? format_bytes(totals.wanted_bytes) : "-",
+             totals.trim_requests, totals.trims_answered, format_bytes(totals.bytes_trimmed));
+  if (totals.alive < totals.processes && !options.reclaim)
+    fmt::print("\n{} dead entr{}: cleared by the next process that registers or runs short, or by `tidepool ledger --reclaim`\n",
+               totals.processes - totals.alive, totals.processes - totals.alive == 1 ? "y" : "ies");
+}
+
+int run_ledger(const LedgerCommandOptions& options) {
+  auto name = segment_name(options);
+  if (!name) return report_error(name.error());
+  auto ledger = Ledger::open_existing(*name);
+  if (!ledger) return report_error(ledger.error());
+  std::size_t reclaimed = 0;
+  if (options.reclaim) {
+    auto cleared = (*ledger)->reclaim_dead();
+    if (!cleared) return report_error(cleared.error());
+    reclaimed = *cleared;
+  }
+  auto snapshot = (*ledger)->snapshot();
+  if (!snapshot) return report_error(snapshot.error());
+  if (options.json) {
+    fmt::print("{}\n", to_json(*snapshot, options, reclaimed).dump(2));
+  } else {
+    print_text(*snapshot, options, reclaimed);
+  }
+  return 0;
+}
+
+[[maybe_unused]] const bool registered = register_command(
+    "ledger", "Show the processes sharing a device through its ledger (like nvidia-smi for pools)",
+    [](CLI::App& app) -> Run {
+      auto options = std::make_shared<LedgerCommandOptions>();
+      app.add_option("--device", options->device,
+                     "The device: its id (e.g. host:host, a GPU's UUID), or the ledger's segment name "
+                     "(/tidepool-...); default: the configured device (TIDEPOOL_DEVICE)");
+      app.add_flag("--json", options->json, "Print the same as JSON");
+      app.add_flag("--reclaim", options->reclaim,
+                   "Clear the entries of processes that died first, and say how many");
+      return [options] { return run_ledger(*options); };
+    });
+
+}  // namespace
+}  // namespace tidepool::cli
