@@ -101,9 +101,9 @@ struct ExpandablePool::State {
   void unback(const Space& space, std::uintptr_t base, std::size_t bytes, Stream stream) noexcept;
   /// Waits for the work that may still touch free granule `id`.
   Status settle(GranuleId id);
-  /// Takes free granule `id` off the free list and unmaps it; its handle is
-  /// the caller's to map again or release.
-  Expected<PhysicalHandle> unmap_free(GranuleId id);
+  /// Unmaps the free granule that has waited longest (free_count() > 0); its
+  /// handle is the caller's to map again or release.
+  Expected<PhysicalHandle> unmap_oldest_free();
   /// Unmaps and releases free granules, oldest first, until at most `keep`
   /// bytes of them remain. Returns the bytes released.
   std::size_t release_free(std::size_t keep);
@@ -137,22 +137,19 @@ Status ExpandablePool::State::settle(GranuleId id) {
   return {};
 }
 
-Expected<PhysicalHandle> ExpandablePool::State::unmap_free(GranuleId id) {
+Expected<PhysicalHandle> ExpandablePool::State::unmap_oldest_free() {
+  const GranuleId id = granules.oldest_free();
   if (Status settled = settle(id); !settled) return std::move(settled).error();
   Status unmapped = device->unmap(address_of(id), granule);
   if (!unmapped) return std::move(unmapped).error();
   ++unmaps;
-  granules.take(id);
-  const PhysicalHandle handle = granules[id].handle;
-  granules.set_unmapped(id);
-  return handle;
+  return granules.take_oldest_free();
 }
 
 std::size_t ExpandablePool::State::release_free(std::size_t keep) {
   std::size_t released = 0;
   while (free_granule_bytes() > keep) {
-    const GranuleId id = granules.oldest_free();
-    Expected<PhysicalHandle> handle = unmap_free(id);
+    Expected<PhysicalHandle> handle = unmap_oldest_free();
     if (!handle) break;  // the device refused: keep the rest cached
     // A failed release leaves the memory with the device's accounting; the
     // pool no longer holds it either way.
@@ -198,7 +195,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     // physical memory only when none is free.
     PhysicalHandle handle = 0;
     if (granules.free_count() > 0) {
-      Expected<PhysicalHandle> stolen = unmap_free(granules.oldest_free());
+      Expected<PhysicalHandle> stolen = unmap_oldest_free();
       if (!stolen) {
         undo();
         return std::move(stolen).error();
