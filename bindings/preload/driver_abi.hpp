@@ -1,0 +1,67 @@
+// The few CUDA driver API types the interposer needs, declared here with the
+// driver's exact ABI (cuda.h, CUDA 12/13, 64-bit Linux) so that the library
+// builds without the toolkit. abi_check.cpp compares them with cuda.h where
+// the toolkit is present.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tidepool::preload {
+
+using CUresult = int;                              // enum cudaError_enum
+using CUdevice = int;                              // CUdevice_v1
+using CUdeviceptr = unsigned long long;            // CUdeviceptr_v2
+using CUmemGenericAllocationHandle = unsigned long long;
+using cuuint64_t = std::uint64_t;
+using CUstream = struct CUstream_st*;
+using CUmemoryPool = struct CUmemPoolHandle_st*;
+using CUdriverProcAddressQueryResult = int;        // enum CUdriverProcAddressQueryResult_enum
+
+inline constexpr CUresult CUDA_SUCCESS = 0;
+inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
+inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
+inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
+
+inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;
+
+struct CUuuid {
+  char bytes[16];
+};
+
+/// CUmemAllocationProp: only the leading fields are read (location), the
+/// rest is declared so that the size matches.
+struct CUmemAllocationProp {
+  int type;                  // CUmemAllocationType
+  int requestedHandleTypes;  // CUmemAllocationHandleType
+  struct {
+    int type;                // CUmemLocationType
+    int id;
+  } location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+
+// The driver functions, by the symbol the library exports.
+using MemAllocFn = CUresult (*)(CUdeviceptr* dptr, std::size_t bytesize);           // cuMemAlloc_v2
+using MemFreeFn = CUresult (*)(CUdeviceptr dptr);                                    // cuMemFree_v2
+using MemGetInfoFn = CUresult (*)(std::size_t* free, std::size_t* total);           // cuMemGetInfo_v2
+using MemAllocAsyncFn = CUresult (*)(CUdeviceptr* dptr, std::size_t bytesize, CUstream stream);
+using MemAllocFromPoolAsyncFn = CUresult (*)(CUdeviceptr* dptr, std::size_t bytesize, CUmemoryPool pool,
+                                             CUstream stream);
+using MemFreeAsyncFn = CUresult (*)(CUdeviceptr dptr, CUstream stream);
+using MemCreateFn = CUresult (*)(CUmemGenericAllocationHandle* handle, std::size_t size,
+                                 const CUmemAllocationProp* prop, unsigned long long flags);
+using MemReleaseFn = CUresult (*)(CUmemGenericAllocationHandle handle);
+using GetProcAddressV1Fn = CUresult (*)(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
+using GetProcAddressV2Fn = CUresult (*)(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                                        CUdriverProcAddressQueryResult* symbolStatus);
+using CtxGetDeviceFn = CUresult (*)(CUdevice* device);
+using DeviceGetUuidFn = CUresult (*)(CUuuid* uuid, CUdevice dev);                   // cuDeviceGetUuid_v2
+
+}  // namespace tidepool::preload

@@ -1,0 +1,675 @@
+// libtidepool_preload.so: LD_PRELOAD it (tidepool run does) into an
+// unmodified program and its CUDA driver allocations are accounted in the
+// cross-process ledger under the process's quota (TIDEPOOL_QUOTA):
+//
+//   cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemCreate
+//       reserve the bytes in the ledger first; beyond the quota they return
+//       CUDA_ERROR_OUT_OF_MEMORY without calling the driver.
+//   cuMemFree_v2, cuMemFreeAsync, cuMemRelease   release what they reserved.
+//   cuMemGetInfo_v2   reports the quota as total and what this process may
+//       still reserve as free, so a framework that preallocates a fraction of
+//       the "device" (JAX: 75%) takes that fraction of its quota.
+//
+// Programs reach the driver three ways, and each is intercepted:
+//   - linked against libcuda: these exported symbols come first (LD_PRELOAD);
+//   - dlopen("libcuda.so.1") + dlsym(handle, "cuMemAlloc_v2") (XLA's stubs):
+//     dlsym itself is interposed, the real one found with dlvsym;
+//   - cuGetProcAddress (the runtime, cudaGetDriverEntryPoint): its answer for
+//     these functions is replaced by a wrapper around the pointer it gave.
+// Each real function is kept per way it was obtained ("slots"), so a wrapper
+// always forwards to exactly the function the program would have called
+// (e.g. the per-thread-default-stream variant the runtime asked for).
+//
+// The ledger's upstream device is the driver call in flight: LedgerDevice
+// reserves, then asks DriverDevice, which runs the wrapper's real call.
+#include <dlfcn.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "driver_abi.hpp"
+#include "tidepool/config.hpp"
+#include "tidepool/device.hpp"
+#include "tidepool/ledger.hpp"
+#include "tidepool/units.hpp"
+
+#define TIDEPOOL_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace tidepool::preload {
+namespace {
+
+// --- the real functions ------------------------------------------------------
+
+using DlsymFn = void* (*)(void*, const char*);
+
+/// glibc's dlsym, found by version so that it is not this library's.
+DlsymFn real_dlsym() {
+  static const DlsymFn found = [] {
+    for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5"})
+      if (void* symbol = dlvsym(RTLD_NEXT, "dlsym", version)) return reinterpret_cast<DlsymFn>(symbol);
+    return static_cast<DlsymFn>(nullptr);
+  }();
+  return found;
+}
+
+/// The intercepted functions, one per symbol the driver exports.
+enum Fn : int {
+  mem_alloc,
+  mem_free,
+  mem_get_info,
+  mem_alloc_async,
+  mem_alloc_async_ptsz,
+  mem_free_async,
+  mem_free_async_ptsz,
+  mem_alloc_from_pool_async,
+  mem_alloc_from_pool_async_ptsz,
+  mem_create,
+  mem_release,
+  get_proc_address_v1,
+  get_proc_address_v2,
+  fn_count
+};
+
+struct FnInfo {
+  const char* symbol;     // the exported name
+  const char* proc_name;  // the name cuGetProcAddress is asked for; null: none of its own
+  int min_version;        // the first CUDA version (cudaVersion) with this ABI under proc_name
+  int max_version;        // the last one, inclusive
+};
+
+// cuGetProcAddress("cuGetProcAddress") returns the 5-argument _v2 from 12.0 on.
+constexpr std::array<FnInfo, fn_count> kFns = {{
+    {"cuMemAlloc_v2", "cuMemAlloc", 3020, 1 << 30},
+    {"cuMemFree_v2", "cuMemFree", 3020, 1 << 30},
+    {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, 1 << 30},
+    {"cuMemAllocAsync", "cuMemAllocAsync", 11020, 1 << 30},
+    {"cuMemAllocAsync_ptsz", nullptr, 0, 0},
+    {"cuMemFreeAsync", "cuMemFreeAsync", 11020, 1 << 30},
+    {"cuMemFreeAsync_ptsz", nullptr, 0, 0},
+    {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", 11020, 1 << 30},
+    {"cuMemAllocFromPoolAsync_ptsz", nullptr, 0, 0},
+    {"cuMemCreate", "cuMemCreate", 10020, 1 << 30},
+    {"cuMemRelease", "cuMemRelease", 10020, 1 << 30},
+    {"cuGetProcAddress", "cuGetProcAddress", 11030, 11999},
+    {"cuGetProcAddress_v2", "cuGetProcAddress", 12000, 1 << 30},
+}};
+
+/// Slot 0: the exported symbol (RTLD_NEXT or a dlsym answer); slots 1, 2:
+/// further distinct pointers (cuGetProcAddress's answers for other flags).
+constexpr int kSlots = 3;
+std::array<std::array<std::atomic<void*>, kSlots>, fn_count> g_real{};
+
+/// The slot holding `real` for `fn`, claiming an empty one; -1 when all
+/// hold other functions (the pointer is then handed out unwrapped).
+int claim_slot(Fn fn, void* real) {
+  for (int slot = 0; slot < kSlots; ++slot) {
+    void* expected = nullptr;
+    if (g_real[fn][slot].compare_exchange_strong(expected, real) || expected == real) return slot;
+  }
+  return -1;
+}
+
+/// The real function of `fn` in `slot`; slot 0 resolves the exported
+/// symbol on first use. Null when there is none.
+template <class FnPtr>
+FnPtr real_of(Fn fn, int slot) {
+  void* real = g_real[fn][slot].load(std::memory_order_acquire);
+  if (real == nullptr && slot == 0) {
+    if (DlsymFn lookup = real_dlsym(); lookup != nullptr) {
+      if (void* next = lookup(RTLD_NEXT, kFns[fn].symbol); next != nullptr) {
+        void* expected = nullptr;
+        g_real[fn][0].compare_exchange_strong(expected, next);
+        real = g_real[fn][0].load(std::memory_order_acquire);
+      }
+    }
+  }
+  return reinterpret_cast<FnPtr>(real);
+}
+
+/// A helper driver function this library calls but does not wrap.
+template <class FnPtr>
+FnPtr driver_helper(const char* symbol) {
+  DlsymFn lookup = real_dlsym();
+  if (lookup == nullptr) return nullptr;
+  void* found = lookup(RTLD_NEXT, symbol);
+  if (found == nullptr) {
+    // libcuda dlopen'ed with RTLD_LOCAL is not in the global scope: ask it.
+    if (void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+      found = lookup(cuda, symbol);
+      dlclose(cuda);
+    }
+  }
+  return reinterpret_cast<FnPtr>(found);
+}
+
+// --- the device the ledger guards: the driver call in flight ---------------
+
+/// The real driver call of the wrapper running on this thread, made by
+/// DriverDevice when the ledger has reserved its bytes.
+thread_local const std::function<CUresult()>* t_driver_call = nullptr;
+/// Its result; kNotCalled when the ledger refused before calling it.
+constexpr CUresult kNotCalled = -1;
+thread_local CUresult t_driver_result = kNotCalled;
+
+/// Where LedgerDevice's allocate() points: the real address is the wrapper's.
+void* const kAccounted = reinterpret_cast<void*>(std::uintptr_t{1} << 12);
+
+class DriverDevice final : public Device {
+ public:
+  DriverDevice(CUdevice ordinal, std::string id, MemGetInfoFn get_info)
+      : ordinal_(ordinal), id_(std::move(id)), get_info_(get_info) {}
+
+  std::string id() const override { return id_; }
+  std::string description() const override {
+    return "CUDA device " + std::to_string(ordinal_) + " (" + id_ + ") through the driver's calls";
+  }
+  Expected<void*> allocate(std::size_t bytes) override {
+    if (Status done = run("allocate", bytes); !done) return std::move(done).error();
+    return kAccounted;
+  }
+  Status free(void*, std::size_t bytes) override { return run("free", bytes); }
+  /// The current context's device: the wrappers only use this device's
+  /// ledger while it is current.
+  MemInfo mem_info() const override {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (get_info_ == nullptr || get_info_(&free_bytes, &total_bytes) != CUDA_SUCCESS) return {};
+    return {free_bytes, total_bytes};
+  }
+  std::size_t granularity() const override { return 2 * MiB; }
+  bool supports_virtual_memory() const override { return false; }
+  Expected<void*> reserve(std::size_t) override { return unsupported(); }
+  Status unreserve(void*, std::size_t) override { return unsupported(); }
+  Expected<PhysicalHandle> create(std::size_t bytes) override {
+    if (Status done = run("create", bytes); !done) return std::move(done).error();
+    return PhysicalHandle{1};
+  }
+  Status map(void*, std::size_t, PhysicalHandle) override { return unsupported(); }
+  Status unmap(void*, std::size_t) override { return unsupported(); }
+  Status release(PhysicalHandle, std::size_t bytes) override { return run("release", bytes); }
+  Status synchronize(Stream) override { return {}; }
+
+ private:
+  static Error unsupported() {
+    return Error(Errc::unsupported, "the interposer's device only passes the program's driver calls on");
+  }
+  Status run(const char* what, std::size_t bytes) const {
+    if (t_driver_call == nullptr)
+      return Error(Errc::invalid_argument, std::string("DriverDevice::") + what + " outside a driver call");
+    t_driver_result = (*t_driver_call)();
+    if (t_driver_result == CUDA_SUCCESS) return {};
+    const std::string message = std::string("the driver refused ") + what + " of " + format_bytes(bytes) +
+                                " (CUresult " + std::to_string(t_driver_result) + ")";
+    if (t_driver_result == CUDA_ERROR_OUT_OF_MEMORY) return Error(Errc::out_of_memory, message);
+    return Error(Errc::device_error, message);
+  }
+
+  CUdevice ordinal_;
+  std::string id_;
+  MemGetInfoFn get_info_;
+};
+
+/// nvidia-smi's form, as CudaDevice::id() writes it, so that tidepool's own
+/// processes and interposed ones share one ledger per GPU.
+std::string uuid_text(const CUuuid& uuid) {
+  std::string out = "GPU-";
+  char digits[3];
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    std::snprintf(digits, sizeof digits, "%02x", static_cast<unsigned char>(uuid.bytes[i]));
+    out += digits;
+  }
+  return out;
+}
+
+// --- accounting ---------------------------------------------------------------
+
+struct Allocation {
+  std::size_t bytes = 0;
+  CUdevice device = 0;
+};
+
+/// The process's ledger entries (one per device it allocates on) and what
+/// each live allocation reserved. Never destroyed: shut_down() at exit
+/// clears the entries, and calls after it pass straight to the driver.
+class Interposer {
+ public:
+  static Interposer& instance() {
+    static Interposer* const interposer = [] {
+      auto* created = new Interposer();
+      std::atexit([] { instance().shut_down(); });
+      pthread_atfork(nullptr, nullptr, [] { instance().forget_after_fork(); });
+      return created;
+    }();
+    return *interposer;
+  }
+
+  /// Reserves `bytes` on `device` in the ledger, then makes `call`; records
+  /// `key` (an address or a handle) when both succeed.
+  CUresult allocate(CUdevice device, std::size_t bytes, bool physical, const std::function<CUresult()>& call,
+                    const std::function<unsigned long long()>& key) {
+    LedgerDevice* ledger = ledger_for(device);
+    if (ledger == nullptr) return refused_without_ledger(device, call);
+    Expected<bool> done = in_flight(call, [&]() -> Expected<bool> {
+      if (physical) {
+        auto handle = ledger->create(bytes);
+        if (!handle) return std::move(handle).error();
+      } else {
+        auto ptr = ledger->allocate(bytes);
+        if (!ptr) return std::move(ptr).error();
+      }
+      return true;
+    });
+    if (!done) {
+      if (t_driver_result != kNotCalled) return t_driver_result;  // the driver's own failure
+      report_refusal(bytes, done.error());
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    std::lock_guard lock(mutex_);
+    (physical ? handles_ : addresses_)[key()] = Allocation{bytes, device};
+    return CUDA_SUCCESS;
+  }
+
+  /// Makes `call` (a free or release of `key`) and releases what the
+  /// allocation reserved. Keys this library did not record (allocated before
+  /// it was loaded, or passed through) are only forwarded.
+  CUresult free(bool physical, unsigned long long key, const std::function<CUresult()>& call) {
+    std::optional<Allocation> allocation;
+    {
+      std::lock_guard lock(mutex_);
+      auto& table = physical ? handles_ : addresses_;
+      if (auto it = table.find(key); it != table.end() && !stopped_) {
+        allocation = it->second;
+        table.erase(it);
+      }
+    }
+    if (!allocation) return call();
+    LedgerDevice* ledger = ledger_for(allocation->device);
+    if (ledger == nullptr) return call();
+    Status done = in_flight(call, [&] {
+      return physical ? ledger->release(PhysicalHandle{1}, allocation->bytes)
+                      : ledger->free(kAccounted, allocation->bytes);
+    });
+    if (!done && t_driver_result != CUDA_SUCCESS) {  // still allocated: keep the record
+      std::lock_guard lock(mutex_);
+      (physical ? handles_ : addresses_)[key] = *allocation;
+    }
+    return t_driver_result == kNotCalled ? call() : t_driver_result;
+  }
+
+  /// cuMemGetInfo_v2 as the ledger reports it for the current device.
+  CUresult mem_info(std::size_t* free_bytes, std::size_t* total_bytes, const std::function<CUresult()>& call) {
+    CUdevice device = 0;
+    if (free_bytes == nullptr || total_bytes == nullptr || !current_device(&device)) return call();
+    LedgerDevice* ledger = ledger_for(device);
+    if (ledger == nullptr) return call();
+    const CUresult result = call();  // the driver's own checks (a context) first
+    if (result != CUDA_SUCCESS) return result;
+    const MemInfo info = ledger->mem_info();
+    *free_bytes = info.free_bytes;
+    *total_bytes = info.total_bytes;
+    return CUDA_SUCCESS;
+  }
+
+  /// The device of the current context; false when there is none.
+  bool current_device(CUdevice* device) {
+    static const auto get_device = driver_helper<CtxGetDeviceFn>("cuCtxGetDevice");
+    return get_device != nullptr && get_device(device) == CUDA_SUCCESS;
+  }
+
+  bool stopped() {
+    std::lock_guard lock(mutex_);
+    return stopped_;
+  }
+
+ private:
+  Interposer() = default;
+
+  /// Runs `body` (a LedgerDevice call) with `call` as the driver call its
+  /// upstream makes.
+  template <class Body>
+  static std::invoke_result_t<Body&> in_flight(const std::function<CUresult()>& call, Body&& body) {
+    t_driver_call = &call;
+    t_driver_result = kNotCalled;
+    auto result = body();
+    t_driver_call = nullptr;
+    return result;
+  }
+
+  /// The ledger entry of `device`, registering on first use. Null after
+  /// shut_down or when registering failed (said once on stderr).
+  LedgerDevice* ledger_for(CUdevice device) {
+    std::lock_guard lock(mutex_);
+    if (stopped_) return nullptr;
+    if (auto it = ledgers_.find(device); it != ledgers_.end()) return it->second.get();
+    if (failed_.count(device) != 0) return nullptr;
+    auto ledger = register_device(device);
+    if (!ledger) {
+      failed_[device] = ledger.error().message();
+      std::fprintf(stderr,
+                   "tidepool: error: device %d is not accounted in the ledger: %s; its allocations fail "
+                   "with CUDA_ERROR_OUT_OF_MEMORY\n",
+                   device, ledger.error().message().c_str());
+      return nullptr;
+    }
+    return (ledgers_[device] = std::move(*ledger)).get();
+  }
+
+  static Expected<std::shared_ptr<LedgerDevice>> register_device(CUdevice device) {
+    auto config = Config::from_env();
+    if (!config) return std::move(config).error();
+    std::string id = "cuda-device-" + std::to_string(device);
+    if (auto get_uuid = driver_helper<DeviceGetUuidFn>("cuDeviceGetUuid_v2")) {
+      CUuuid uuid{};
+      if (get_uuid(&uuid, device) == CUDA_SUCCESS) id = uuid_text(uuid);
+    }
+    auto driver = std::make_shared<DriverDevice>(device, id, driver_helper<MemGetInfoFn>("cuMemGetInfo_v2"));
+    const std::size_t total = driver->mem_info().total_bytes;
+    if (total == 0) return Error(Errc::device_error, "cuMemGetInfo_v2 failed for " + id);
+    LedgerOptions options;
+    options.mode = config->ledger_mode.value;
+    if (const char* name = std::getenv("TIDEPOOL_LEDGER_NAME"); name != nullptr && *name != '\0')
+      options.segment_name = device == 0 ? std::string(name) : std::string(name) + "-" + std::to_string(device);
+    if (config->quota.value) {
+      options.quota_bytes = config->quota.value->resolve(total);
+      if (options.quota_bytes == 0)
+        return Error(Errc::invalid_argument, "TIDEPOOL_QUOTA='" + config->quota.text + "' is 0 bytes of " +
+                                                 format_bytes(total));
+    }
+    // An unmodified program cannot give cached memory back when asked.
+    options.poll_period = std::chrono::milliseconds(0);
+    return LedgerDevice::create(std::move(driver), options);
+  }
+
+  CUresult refused_without_ledger(CUdevice device, const std::function<CUresult()>& call) {
+    std::lock_guard lock(mutex_);
+    if (stopped_) return call();  // exiting: the driver alone
+    (void)device;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+
+  void report_refusal(std::size_t bytes, const Error& error) {
+    std::lock_guard lock(mutex_);
+    if (refusals_++ == 0)
+      std::fprintf(stderr, "tidepool: an allocation of %s was refused: %s (further refusals are not printed)\n",
+                   format_bytes(bytes).c_str(), error.message().c_str());
+  }
+
+  void shut_down() {
+    std::map<CUdevice, std::shared_ptr<LedgerDevice>> ledgers;
+    {
+      std::lock_guard lock(mutex_);
+      stopped_ = true;
+      ledgers.swap(ledgers_);
+      addresses_.clear();
+      handles_.clear();
+    }
+    ledgers.clear();  // each clears its entry in the segment
+  }
+
+  /// A forked child is not the process registered: forget the entries
+  /// without clearing them (the parent still holds them).
+  void forget_after_fork() {
+    static std::vector<std::shared_ptr<LedgerDevice>>* parents = new std::vector<std::shared_ptr<LedgerDevice>>();
+    for (auto& [device, ledger] : ledgers_) parents->push_back(std::move(ledger));
+    ledgers_.clear();
+    addresses_.clear();
+    handles_.clear();
+    failed_.clear();
+    new (&mutex_) std::mutex();  // another thread may have held it at fork
+  }
+
+  std::mutex mutex_;
+  bool stopped_ = false;
+  std::map<CUdevice, std::shared_ptr<LedgerDevice>> ledgers_;
+  std::map<CUdevice, std::string> failed_;
+  std::map<CUdeviceptr, Allocation> addresses_;
+  std::map<CUmemGenericAllocationHandle, Allocation> handles_;
+  std::size_t refusals_ = 0;
+};
+
+// --- the wrappers, one instance per function and slot ------------------------
+
+CUresult not_found() { return CUDA_ERROR_NOT_FOUND; }
+
+template <Fn F, int S>
+CUresult alloc_wrapper(CUdeviceptr* dptr, std::size_t bytes) {
+  auto real = real_of<MemAllocFn>(F, S);
+  if (real == nullptr) return not_found();
+  Interposer& interposer = Interposer::instance();
+  CUdevice device = 0;
+  if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
+    return real(dptr, bytes);  // the driver's own answer
+  return interposer.allocate(
+      device, bytes, false, [&] { return real(dptr, bytes); }, [&] { return *dptr; });
+}
+
+template <Fn F, int S>
+CUresult free_wrapper(CUdeviceptr dptr) {
+  auto real = real_of<MemFreeFn>(F, S);
+  if (real == nullptr) return not_found();
+  return Interposer::instance().free(false, dptr, [&] { return real(dptr); });
+}
+
+template <Fn F, int S>
+CUresult get_info_wrapper(std::size_t* free_bytes, std::size_t* total_bytes) {
+  auto real = real_of<MemGetInfoFn>(F, S);
+  if (real == nullptr) return not_found();
+  return Interposer::instance().mem_info(free_bytes, total_bytes, [&] { return real(free_bytes, total_bytes); });
+}
+
+template <Fn F, int S>
+CUresult alloc_async_wrapper(CUdeviceptr* dptr, std::size_t bytes, CUstream stream) {
+  auto real = real_of<MemAllocAsyncFn>(F, S);
+  if (real == nullptr) return not_found();
+  Interposer& interposer = Interposer::instance();
+  CUdevice device = 0;
+  if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
+    return real(dptr, bytes, stream);
+  return interposer.allocate(
+      device, bytes, false, [&] { return real(dptr, bytes, stream); }, [&] { return *dptr; });
+}
+
+template <Fn F, int S>
+CUresult alloc_from_pool_wrapper(CUdeviceptr* dptr, std::size_t bytes, CUmemoryPool pool, CUstream stream) {
+  auto real = real_of<MemAllocFromPoolAsyncFn>(F, S);
+  if (real == nullptr) return not_found();
+  Interposer& interposer = Interposer::instance();
+  CUdevice device = 0;
+  if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
+    return real(dptr, bytes, pool, stream);
+  return interposer.allocate(
+      device, bytes, false, [&] { return real(dptr, bytes, pool, stream); }, [&] { return *dptr; });
+}
+
+template <Fn F, int S>
+CUresult free_async_wrapper(CUdeviceptr dptr, CUstream stream) {
+  auto real = real_of<MemFreeAsyncFn>(F, S);
+  if (real == nullptr) return not_found();
+  return Interposer::instance().free(false, dptr, [&] { return real(dptr, stream); });
+}
+
+template <Fn F, int S>
+CUresult create_wrapper(CUmemGenericAllocationHandle* handle, std::size_t bytes, const CUmemAllocationProp* prop,
+                        unsigned long long flags) {
+  auto real = real_of<MemCreateFn>(F, S);
+  if (real == nullptr) return not_found();
+  Interposer& interposer = Interposer::instance();
+  // Only device memory counts against a GPU's quota (not host or NUMA locations).
+  if (handle == nullptr || prop == nullptr || bytes == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      interposer.stopped())
+    return real(handle, bytes, prop, flags);
+  return interposer.allocate(
+      prop->location.id, bytes, true, [&] { return real(handle, bytes, prop, flags); }, [&] { return *handle; });
+}
+
+template <Fn F, int S>
+CUresult release_wrapper(CUmemGenericAllocationHandle handle) {
+  auto real = real_of<MemReleaseFn>(F, S);
+  if (real == nullptr) return not_found();
+  return Interposer::instance().free(true, handle, [&] { return real(handle); });
+}
+
+void* substitute_proc(const char* symbol, void* real, int cuda_version);
+
+template <Fn F, int S>
+CUresult get_proc_address_v1_wrapper(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) {
+  auto real = real_of<GetProcAddressV1Fn>(F, S);
+  if (real == nullptr) return not_found();
+  const CUresult result = real(symbol, pfn, cuda_version, flags);
+  if (result == CUDA_SUCCESS && symbol != nullptr && pfn != nullptr && *pfn != nullptr)
+    *pfn = substitute_proc(symbol, *pfn, cuda_version);
+  return result;
+}
+
+template <Fn F, int S>
+CUresult get_proc_address_v2_wrapper(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                                     CUdriverProcAddressQueryResult* status) {
+  auto real = real_of<GetProcAddressV2Fn>(F, S);
+  if (real == nullptr) return not_found();
+  const CUresult result = real(symbol, pfn, cuda_version, flags, status);
+  if (result == CUDA_SUCCESS && symbol != nullptr && pfn != nullptr && *pfn != nullptr)
+    *pfn = substitute_proc(symbol, *pfn, cuda_version);
+  return result;
+}
+
+template <class FnPtr>
+void* as_pointer(FnPtr fn) {
+  return reinterpret_cast<void*>(fn);
+}
+
+/// The wrapper of `fn` that forwards to slot `slot`.
+template <Fn F>
+void* wrapper_in_slot(int slot) {
+  auto pick = [slot](auto w0, auto w1, auto w2) { return as_pointer(slot == 0 ? w0 : slot == 1 ? w1 : w2); };
+  if constexpr (F == mem_alloc) return pick(alloc_wrapper<F, 0>, alloc_wrapper<F, 1>, alloc_wrapper<F, 2>);
+  if constexpr (F == mem_free) return pick(free_wrapper<F, 0>, free_wrapper<F, 1>, free_wrapper<F, 2>);
+  if constexpr (F == mem_get_info)
+    return pick(get_info_wrapper<F, 0>, get_info_wrapper<F, 1>, get_info_wrapper<F, 2>);
+  if constexpr (F == mem_alloc_async || F == mem_alloc_async_ptsz)
+    return pick(alloc_async_wrapper<F, 0>, alloc_async_wrapper<F, 1>, alloc_async_wrapper<F, 2>);
+  if constexpr (F == mem_free_async || F == mem_free_async_ptsz)
+    return pick(free_async_wrapper<F, 0>, free_async_wrapper<F, 1>, free_async_wrapper<F, 2>);
+  if constexpr (F == mem_alloc_from_pool_async || F == mem_alloc_from_pool_async_ptsz)
+    return pick(alloc_from_pool_wrapper<F, 0>, alloc_from_pool_wrapper<F, 1>, alloc_from_pool_wrapper<F, 2>);
+  if constexpr (F == mem_create) return pick(create_wrapper<F, 0>, create_wrapper<F, 1>, create_wrapper<F, 2>);
+  if constexpr (F == mem_release) return pick(release_wrapper<F, 0>, release_wrapper<F, 1>, release_wrapper<F, 2>);
+  if constexpr (F == get_proc_address_v1)
+    return pick(get_proc_address_v1_wrapper<F, 0>, get_proc_address_v1_wrapper<F, 1>,
+                get_proc_address_v1_wrapper<F, 2>);
+  if constexpr (F == get_proc_address_v2)
+    return pick(get_proc_address_v2_wrapper<F, 0>, get_proc_address_v2_wrapper<F, 1>,
+                get_proc_address_v2_wrapper<F, 2>);
+  return nullptr;
+}
+
+template <int... I>
+void* wrapper_of(Fn fn, int slot, std::integer_sequence<int, I...>) {
+  void* out = nullptr;
+  ((fn == I ? (out = wrapper_in_slot<static_cast<Fn>(I)>(slot), true) : false) || ...);
+  return out;
+}
+void* wrapper_of(Fn fn, int slot) { return wrapper_of(fn, slot, std::make_integer_sequence<int, fn_count>{}); }
+
+/// `real` wrapped, when it is one of the intercepted functions in an ABI
+/// the wrappers have; else `real` itself.
+void* wrap(Fn fn, void* real) {
+  const int slot = claim_slot(fn, real);
+  return slot < 0 ? real : wrapper_of(fn, slot);
+}
+
+void* substitute_proc(const char* symbol, void* real, int cuda_version) {
+  for (int fn = 0; fn < fn_count; ++fn) {
+    const FnInfo& info = kFns[fn];
+    if (info.proc_name == nullptr || std::strcmp(symbol, info.proc_name) != 0) continue;
+    if (cuda_version < info.min_version || cuda_version > info.max_version) continue;
+    return wrap(static_cast<Fn>(fn), real);
+  }
+  return real;
+}
+
+bool is_wrapper(Fn fn, void* pointer) {
+  for (int slot = 0; slot < kSlots; ++slot)
+    if (wrapper_of(fn, slot) == pointer) return true;
+  return false;
+}
+
+}  // namespace
+}  // namespace tidepool::preload
+
+using namespace tidepool::preload;
+
+// --- the exported symbols: the driver's names, slot 0 ------------------------
+
+TIDEPOOL_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytesize) {
+  return alloc_wrapper<mem_alloc, 0>(dptr, bytesize);
+}
+TIDEPOOL_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return free_wrapper<mem_free, 0>(dptr); }
+TIDEPOOL_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
+  return get_info_wrapper<mem_get_info, 0>(free, total);
+}
+TIDEPOOL_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, std::size_t bytesize, CUstream stream) {
+  return alloc_async_wrapper<mem_alloc_async, 0>(dptr, bytesize, stream);
+}
+TIDEPOOL_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, std::size_t bytesize, CUstream stream) {
+  return alloc_async_wrapper<mem_alloc_async_ptsz, 0>(dptr, bytesize, stream);
+}
+TIDEPOOL_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  return free_async_wrapper<mem_free_async, 0>(dptr, stream);
+}
+TIDEPOOL_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  return free_async_wrapper<mem_free_async_ptsz, 0>(dptr, stream);
+}
+TIDEPOOL_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, std::size_t bytesize, CUmemoryPool pool,
+                                                 CUstream stream) {
+  return alloc_from_pool_wrapper<mem_alloc_from_pool_async, 0>(dptr, bytesize, pool, stream);
+}
+TIDEPOOL_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, std::size_t bytesize, CUmemoryPool pool,
+                                                      CUstream stream) {
+  return alloc_from_pool_wrapper<mem_alloc_from_pool_async_ptsz, 0>(dptr, bytesize, pool, stream);
+}
+TIDEPOOL_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size,
+                                     const CUmemAllocationProp* prop, unsigned long long flags) {
+  return create_wrapper<mem_create, 0>(handle, size, prop, flags);
+}
+TIDEPOOL_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  return release_wrapper<mem_release, 0>(handle);
+}
+TIDEPOOL_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
+  return get_proc_address_v1_wrapper<get_proc_address_v1, 0>(symbol, pfn, cudaVersion, flags);
+}
+TIDEPOOL_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                                             CUdriverProcAddressQueryResult* symbolStatus) {
+  return get_proc_address_v2_wrapper<get_proc_address_v2, 0>(symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+
+/// dlsym as glibc's, except that the driver's allocation functions found in
+/// a library (XLA's and others' dlopen'ed libcuda) come back wrapped.
+TIDEPOOL_EXPORT void* dlsym(void* handle, const char* symbol) {
+  DlsymFn real = real_dlsym();
+  if (real == nullptr) return nullptr;
+  void* found = real(handle, symbol);
+  if (found == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return found;
+  for (int fn = 0; fn < fn_count; ++fn) {
+    if (std::strcmp(symbol, kFns[fn].symbol) != 0) continue;
+    if (is_wrapper(static_cast<Fn>(fn), found)) return found;  // this library's own export
+    return wrap(static_cast<Fn>(fn), found);
+  }
+  return found;
+}

@@ -1,0 +1,50 @@
+/* The fake driver's few types and its test-only functions (fake_cuda.c). */
+#ifndef TIDEPOOL_TESTS_FAKE_CUDA_H
+#define TIDEPOOL_TESTS_FAKE_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_NOT_FOUND = 500
+};
+
+typedef struct {
+  char bytes[16];
+} fake_uuid;
+
+/* The layout of CUmemAllocationProp. */
+typedef struct {
+  int type;
+  int requested_handle_types;
+  struct {
+    int type; /* 1: CU_MEM_LOCATION_TYPE_DEVICE */
+    int id;
+  } location;
+  void* win32_handle_metadata;
+  unsigned char alloc_flags[8];
+} fake_allocation_prop;
+
+/* Calls that reached the driver. */
+struct fake_cuda_counts {
+  long mem_alloc, mem_free, mem_get_info, mem_alloc_async, mem_free_async;
+  long mem_create, mem_release, get_proc_address, per_thread_stream_calls;
+};
+
+int cuInit(unsigned int flags);
+int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes);
+int cuMemFree_v2(unsigned long long dptr);
+int cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes);
+int cuMemCreate(unsigned long long* handle, size_t bytes, const void* prop, unsigned long long flags);
+int cuMemRelease(unsigned long long handle);
+int cuGetProcAddress(const char* symbol, void** pfn, int version, uint64_t flags);
+int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
+
+void fake_cuda_get_counts(struct fake_cuda_counts* out);
+size_t fake_cuda_used_bytes(void);
+
+#endif

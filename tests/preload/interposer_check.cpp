@@ -1,0 +1,252 @@
+// The interposer end to end: preload_app, linked against the fake driver,
+// runs under `tidepool run --quota ... --ledger ...`; its output shows what
+// the driver calls returned and the fake's call counts, and the ledger shows
+// its entry while it runs and none after it exits.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tidepool/ledger.hpp"
+
+namespace {
+
+constexpr std::size_t GiB = std::size_t{1} << 30;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t kFakeTotal = 16 * GiB;  // fake_cuda.c's device
+constexpr int kOutOfMemory = 2;               // CUDA_ERROR_OUT_OF_MEMORY
+
+/// A child process with pipes on its stdin, stdout and stderr.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> argv) {
+    int in[2], out[2], err[2];
+    if (pipe(in) != 0 || pipe(out) != 0 || pipe(err) != 0) std::abort();
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) close(fd);
+      std::vector<char*> args;
+      for (auto& word : argv) args.push_back(word.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(126);
+    }
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    stdin_ = fdopen(in[1], "w");
+    stdout_ = fdopen(out[0], "r");
+    stderr_fd_ = err[0];
+  }
+  ~Child() {
+    if (pid_ > 0 && status_ < 0) finish();
+  }
+
+  /// Reads output lines until one equals `line` (true) or the output ends.
+  bool read_until(const std::string& line) {
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof buffer, stdout_) != nullptr) {
+      std::string text(buffer);
+      if (!text.empty() && text.back() == '\n') text.pop_back();
+      add(text);
+      if (text == line) return true;
+    }
+    return false;
+  }
+  void send_line() {
+    std::fputs("go\n", stdin_);
+    std::fflush(stdin_);
+  }
+  /// Reads the rest, waits; returns the exit status (-1 on a signal).
+  int finish() {
+    read_until("\x01never");
+    std::fclose(stdin_);
+    std::fclose(stdout_);
+    char buffer[4096];
+    for (ssize_t n; (n = read(stderr_fd_, buffer, sizeof buffer)) > 0;) errors_.append(buffer, n);
+    close(stderr_fd_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return status_;
+  }
+
+  /// The numbers of an output line "name a b c".
+  std::vector<long long> numbers(const std::string& name) const {
+    auto it = lines_.find(name);
+    if (it == lines_.end()) return {};
+    return it->second;
+  }
+  long long number(const std::string& name, std::size_t index = 0) const {
+    auto values = numbers(name);
+    return index < values.size() ? values[index] : -999;
+  }
+  const std::string& text(const std::string& name) const { return texts_.at(name); }
+  bool has(const std::string& name) const { return texts_.count(name) != 0; }
+  const std::string& errors() const { return errors_; }
+
+ private:
+  void add(const std::string& line) {
+    std::istringstream words(line);
+    std::string name;
+    words >> name;
+    std::string rest;
+    std::getline(words, rest);
+    texts_[name] = rest;
+    std::istringstream values(rest);
+    std::vector<long long> parsed;
+    for (long long value; values >> value;) parsed.push_back(value);
+    lines_[name] = parsed;
+  }
+
+  pid_t pid_ = -1;
+  int status_ = -1;
+  FILE* stdin_ = nullptr;
+  FILE* stdout_ = nullptr;
+  int stderr_fd_ = -1;
+  std::string errors_;
+  std::map<std::string, std::vector<long long>> lines_;
+  std::map<std::string, std::string> texts_;
+};
+
+std::string segment_name(const char* what) {
+  return "/tidepool-interposer-" + std::string(what) + "-" + std::to_string(getpid());
+}
+
+struct RemoveSegment {
+  std::string name;
+  ~RemoveSegment() { (void)tidepool::Ledger::remove(name); }
+};
+
+const tidepool::LedgerEntryInfo* entry_of(const tidepool::LedgerSnapshot& snapshot, long long pid) {
+  for (const auto& entry : snapshot.entries)
+    if (entry.pid == pid) return &entry;
+  return nullptr;
+}
+
+TEST(Interposer, WithoutItTheProgramSeesTheWholeFakeDevice) {
+  Child app({PRELOAD_APP});
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  EXPECT_EQ(app.number("info0", 2), static_cast<long long>(kFakeTotal));
+  // Every request reaches the driver, including those beyond the device.
+  EXPECT_EQ(app.text("driver_calls"),
+            " mem_alloc=7 mem_free=4 mem_alloc_async=2 mem_free_async=1 mem_create=2 mem_release=1 per_thread=3");
+}
+
+TEST(Interposer, QuotaLimitsWhatTheProgramSeesAndGets) {
+  const std::string name = segment_name("quota");
+  RemoveSegment cleanup{name};
+  Child app({TIDEPOOL_CLI, "run", "--quota", "40%", "--ledger", name, "--", PRELOAD_APP, "--wait"});
+  ASSERT_TRUE(app.read_until("ready")) << app.errors();
+
+  const long long quota = static_cast<long long>(static_cast<long double>(kFakeTotal) * 0.4L);
+  // cuMemGetInfo_v2 reports the quota as the device, through every way in.
+  EXPECT_EQ(app.number("info0", 0), 0);
+  EXPECT_EQ(app.number("info0", 2), quota);
+  EXPECT_EQ(app.number("info0", 1), quota);
+  EXPECT_EQ(app.number("dlsym_info", 2), quota);
+  // JAX's 75% preallocation takes 75% of the quota, and what is left is free.
+  const long long preallocation = app.number("alloc75", 1);
+  EXPECT_EQ(preallocation, quota / 4 * 3);
+  EXPECT_EQ(app.number("alloc75", 0), 0);
+  EXPECT_EQ(app.number("info1", 1), quota - preallocation);
+  // Beyond the quota: out of memory, by each way in.
+  EXPECT_EQ(app.number("beyond"), kOutOfMemory);
+  EXPECT_EQ(app.number("proc_beyond"), kOutOfMemory);
+  EXPECT_EQ(app.number("async_beyond"), kOutOfMemory);
+  EXPECT_EQ(app.number("dlsym_beyond"), kOutOfMemory);
+  EXPECT_EQ(app.number("create_beyond"), kOutOfMemory);
+  // Within it, every way works.
+  EXPECT_EQ(app.numbers("proc_alloc"), (std::vector<long long>{0, 0}));
+  EXPECT_EQ(app.numbers("proc_free"), (std::vector<long long>{0, 0}));
+  EXPECT_EQ(app.number("lookup_async"), 0);
+  EXPECT_EQ(app.numbers("async"), (std::vector<long long>{0, 0}));
+  EXPECT_EQ(app.numbers("dlsym_alloc"), (std::vector<long long>{0, 0}));
+  EXPECT_EQ(app.numbers("create"), (std::vector<long long>{0, 0}));
+  EXPECT_EQ(app.number("double_free"), 1);  // the driver's own CUDA_ERROR_INVALID_VALUE
+  EXPECT_EQ(app.number("leak"), 0);
+
+  // The ledger holds the entry: the quota, and the preallocation + the 1 MiB still live.
+  {
+    auto ledger = tidepool::Ledger::open_existing(name);
+    ASSERT_TRUE(ledger) << ledger.error().message();
+    auto snapshot = (*ledger)->snapshot();
+    ASSERT_TRUE(snapshot) << snapshot.error().message();
+    const auto* entry = entry_of(*snapshot, app.number("pid"));
+    ASSERT_NE(entry, nullptr);
+    EXPECT_TRUE(entry->alive);
+    EXPECT_EQ(entry->quota_bytes, static_cast<std::size_t>(quota));
+    EXPECT_EQ(entry->reserved_bytes, static_cast<std::size_t>(preallocation) + MiB);
+    EXPECT_EQ(snapshot->device_total_bytes, kFakeTotal);
+    EXPECT_EQ(snapshot->device_id, "GPU-f0f1f2f3-f4f5-f6f7-f8f9-fafbfcfdfeff");
+  }
+
+  app.send_line();
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  EXPECT_EQ(app.number("free75"), 0);
+  EXPECT_EQ(app.number("info2", 1), quota - static_cast<long long>(MiB));
+  // Refused requests never reached the driver.
+  EXPECT_EQ(app.text("driver_calls"),
+            " mem_alloc=4 mem_free=4 mem_alloc_async=1 mem_free_async=1 mem_create=1 mem_release=1 per_thread=2");
+  EXPECT_NE(app.errors().find("was refused"), std::string::npos) << app.errors();
+
+  // At exit the entry is gone, with what the program never freed.
+  auto ledger = tidepool::Ledger::open_existing(name);
+  ASSERT_TRUE(ledger) << ledger.error().message();
+  auto snapshot = (*ledger)->snapshot();
+  ASSERT_TRUE(snapshot);
+  EXPECT_EQ(entry_of(*snapshot, app.number("pid")), nullptr);
+  EXPECT_EQ(snapshot->reserved_bytes, 0u);
+  EXPECT_GE(snapshot->peak_reserved_bytes, static_cast<std::size_t>(preallocation) + MiB);
+}
+
+TEST(Interposer, QuotasAreGuaranteesBetweenProcesses) {
+  const std::string name = segment_name("share");
+  RemoveSegment cleanup{name};
+  Child first({TIDEPOOL_CLI, "run", "--quota", "60%", "--ledger", name, "--", PRELOAD_APP, "--wait"});
+  ASSERT_TRUE(first.read_until("ready")) << first.errors();
+  EXPECT_EQ(first.number("alloc75", 0), 0);
+
+  // 60% + 60% does not fit on one device: the second is refused, with the reason.
+  Child second({TIDEPOOL_CLI, "run", "--quota", "60%", "--ledger", name, "--", PRELOAD_APP});
+  ASSERT_EQ(second.finish(), 0) << second.errors();
+  EXPECT_EQ(second.number("alloc75", 0), kOutOfMemory);
+  EXPECT_NE(second.errors().find("not accounted in the ledger"), std::string::npos) << second.errors();
+
+  // 30% fits beside the first's 60%.
+  Child third({TIDEPOOL_CLI, "run", "--quota", "30%", "--ledger", name, "--", PRELOAD_APP});
+  ASSERT_EQ(third.finish(), 0) << third.errors();
+  EXPECT_EQ(third.number("alloc75", 0), 0);
+  first.send_line();
+  EXPECT_EQ(first.finish(), 0);
+}
+
+TEST(RunCommand, RefusesBadArguments) {
+  Child bad_quota({TIDEPOOL_CLI, "run", "--quota", "150%", "--", PRELOAD_APP});
+  EXPECT_EQ(bad_quota.finish(), 1);
+  EXPECT_NE(bad_quota.errors().find("--quota: TIDEPOOL_QUOTA='150%' is invalid"), std::string::npos)
+      << bad_quota.errors();
+
+  Child bad_ledger({TIDEPOOL_CLI, "run", "--ledger", "a/b", "--", PRELOAD_APP});
+  EXPECT_EQ(bad_ledger.finish(), 1);
+  EXPECT_NE(bad_ledger.errors().find("--ledger 'a/b'"), std::string::npos) << bad_ledger.errors();
+
+  Child missing({TIDEPOOL_CLI, "run", "--", "/nonexistent/program"});
+  EXPECT_EQ(missing.finish(), 127);
+  EXPECT_NE(missing.errors().find("cannot run '/nonexistent/program'"), std::string::npos) << missing.errors();
+
+  Child no_library({TIDEPOOL_CLI, "run", "--preload", "/nonexistent/lib.so", "--", PRELOAD_APP});
+  EXPECT_EQ(no_library.finish(), 1);
+  EXPECT_NE(no_library.errors().find("--preload"), std::string::npos) << no_library.errors();
+}
+
+}  // namespace

@@ -1,0 +1,114 @@
+// `tidepool run [--quota 40%] [--ledger NAME] -- COMMAND...`: runs an
+// unmodified program with the interposer (libtidepool_preload.so) preloaded,
+// so that its CUDA driver allocations are accounted in the cross-process
+// ledger under its quota and cuMemGetInfo reports the quota as the device.
+// docs/interop.md.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "tidepool/config.hpp"
+
+namespace tidepool::cli {
+namespace {
+
+constexpr const char* kPreloadName = "libtidepool_preload.so";
+
+struct RunOptions {
+  std::string quota;
+  std::string ledger;
+  std::string preload;
+  std::vector<std::string> command;
+};
+
+/// The interposer: --preload, else next to the command once installed
+/// (<prefix>/bin/tidepool -> <prefix>/lib/), else the build tree's.
+Expected<std::string> find_preload(const std::string& given) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> candidates;
+  if (!given.empty()) {
+    candidates.push_back(given);
+  } else {
+    std::error_code error;
+    const fs::path self = fs::read_symlink("/proc/self/exe", error);
+    if (!error) {
+      candidates.push_back(self.parent_path().parent_path() / "lib" / kPreloadName);
+      candidates.push_back(self.parent_path() / kPreloadName);
+    }
+#ifdef TIDEPOOL_PRELOAD_BUILD_PATH
+    candidates.push_back(TIDEPOOL_PRELOAD_BUILD_PATH);
+#endif
+  }
+  std::string tried;
+  for (const fs::path& candidate : candidates) {
+    if (::access(candidate.c_str(), R_OK) == 0) return fs::absolute(candidate).string();
+    tried += (tried.empty() ? "" : ", ") + candidate.string();
+  }
+  return Error(Errc::io_error, std::string("the interposer ") + kPreloadName + " was not found (tried " +
+                                   (tried.empty() ? std::string("nothing") : tried) +
+                                   "); pass its path with --preload");
+}
+
+Status set_variable(const char* name, const std::string& value) {
+  if (::setenv(name, value.c_str(), 1) != 0)
+    return Error(Errc::io_error, std::string("setenv ") + name + ": " + std::strerror(errno));
+  return {};
+}
+
+int run(const RunOptions& options) {
+  if (!options.quota.empty()) {
+    // One parser: the quota is TIDEPOOL_QUOTA's, checked here before the program starts.
+    if (Status set = set_variable("TIDEPOOL_QUOTA", options.quota); !set) return report_error(set.error());
+    auto config = Config::from_env();
+    if (!config) return report_error(Error(config.error().code(), "--quota: " + config.error().message()));
+  }
+  if (!options.ledger.empty()) {
+    const std::string name = options.ledger.front() == '/' ? options.ledger : "/" + options.ledger;
+    if (name.size() < 2 || name.find('/', 1) != std::string::npos)
+      return report_error(Error(Errc::invalid_argument, "--ledger '" + options.ledger +
+                                                            "': a segment name is '/name' with no other '/'"));
+    if (Status set = set_variable("TIDEPOOL_LEDGER_NAME", name); !set) return report_error(set.error());
+  }
+  auto preload = find_preload(options.preload);
+  if (!preload) return report_error(preload.error());
+  std::string preloads = *preload;
+  if (const char* existing = std::getenv("LD_PRELOAD"); existing != nullptr && *existing != '\0')
+    preloads += std::string(":") + existing;
+  if (Status set = set_variable("LD_PRELOAD", preloads); !set) return report_error(set.error());
+
+  std::vector<char*> argv;
+  for (const std::string& word : options.command) argv.push_back(const_cast<char*>(word.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "tidepool: error: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  return 127;  // as a shell says for a command it cannot run
+}
+
+[[maybe_unused]] const bool registered = register_command(
+    "run", "Run a program with its CUDA allocations accounted in the ledger under a quota",
+    [](CLI::App& app) {
+      auto options = std::make_shared<RunOptions>();
+      app.add_option("--quota", options->quota,
+                     "This process's share of the device: 40%, 0.4 or 20GiB (TIDEPOOL_QUOTA). The program "
+                     "sees it as the device's total memory, and allocations beyond it fail with "
+                     "CUDA_ERROR_OUT_OF_MEMORY");
+      app.add_option("--ledger", options->ledger,
+                     "The ledger segment's name (default: one per GPU, shared with every tidepool "
+                     "process); processes share memory only within one ledger");
+      app.add_option("--preload", options->preload, "The interposer library (default: found beside tidepool)");
+      app.add_option("command", options->command, "The program and its arguments, after --")->required();
+      app.footer("Example: tidepool run --quota 45% -- python train.py");
+      return [options] { return run(*options); };
+    });
+
+}  // namespace
+}  // namespace tidepool::cli
