@@ -87,12 +87,11 @@ struct LedgerDevice::State {
   // One locked try: reserve `bytes` if they fit (clearing dead entries first
   // when they do not). Returns what was missing.
   Expected<Ledger::Segment::Shortfall> try_reserve(std::size_t bytes) {
-    auto lock = segment->lock();
+    auto lock = segment->lock_unchecked();  // reserve_locked checks the entries
     if (!lock) return std::move(lock).error();
-    Ledger::Segment::Shortfall shortfall = segment->shortfall_locked(slot, bytes);
-    if (shortfall.bytes != 0 && !shortfall.by_quota && segment->reclaim_dead_locked() > 0)
-      shortfall = segment->shortfall_locked(slot, bytes);
-    if (shortfall.bytes == 0) segment->add_reservation_locked(slot, bytes);
+    auto shortfall = segment->reserve_locked(slot, bytes);
+    if (shortfall && shortfall->bytes != 0 && !shortfall->by_quota && segment->reclaim_dead_locked() > 0)
+      shortfall = segment->reserve_locked(slot, bytes);
     return shortfall;
   }
 
@@ -272,6 +271,7 @@ Expected<std::shared_ptr<LedgerDevice>> LedgerDevice::create(std::shared_ptr<Dev
       return Error(Errc::limit_reached, "ledger " + segment.name + " is full: " + std::to_string(kEntryCount) +
                                             " live processes are registered on it");
     }
+    segment.note_slot_used_locked(slot);
     Entry& entry = segment.entries[slot];
     entry.pid.store(self.pid, std::memory_order_relaxed);
     entry.start_time.store(self.start_time, std::memory_order_relaxed);

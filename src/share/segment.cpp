@@ -300,6 +300,20 @@ Ledger::Segment::Lock::~Lock() {
 }
 
 Expected<Ledger::Segment::Lock> Ledger::Segment::lock() {
+  auto held = lock_unchecked();
+  if (!held) return held;
+  if (Status valid = validate_entries_locked(); !valid) return std::move(valid).error();
+  return held;
+}
+
+Expected<Ledger::Segment::Lock> Ledger::Segment::lock_unchecked() {
+  // Uncontended, no clock read: the common case on every device call.
+  int rc = pthread_mutex_trylock(&header->mutex);
+  if (rc == EBUSY) rc = timed_lock();
+  return locked(rc);
+}
+
+int Ledger::Segment::timed_lock() {
   timespec deadline{};
   clock_gettime(CLOCK_REALTIME, &deadline);
   const auto timeout_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(lock_timeout).count();
@@ -309,7 +323,10 @@ Expected<Ledger::Segment::Lock> Ledger::Segment::lock() {
     deadline.tv_sec += 1;
     deadline.tv_nsec -= 1'000'000'000;
   }
-  const int rc = pthread_mutex_timedlock(&header->mutex, &deadline);
+  return pthread_mutex_timedlock(&header->mutex, &deadline);
+}
+
+Expected<Ledger::Segment::Lock> Ledger::Segment::locked(int rc) {
   if (rc == ETIMEDOUT) {
     const int holder = header->lock_holder_pid.load(std::memory_order_relaxed);
     return Error(Errc::device_error,
@@ -326,7 +343,7 @@ Expected<Ledger::Segment::Lock> Ledger::Segment::lock() {
     return Error(Errc::device_error, "ledger segment " + name + ": pthread_mutex_timedlock: " + std::strerror(rc));
   }
   Lock held(this);
-  header->lock_holder_pid.store(static_cast<std::int32_t>(getpid()), std::memory_order_relaxed);
+  header->lock_holder_pid.store(static_cast<std::int32_t>(share::current_pid()), std::memory_order_relaxed);
   if (rc == EOWNERDEAD) {
     // The holder died inside a critical section. Every update is one store
     // (see Entry), so the entries are whole; the dead holder's entry goes.
@@ -334,14 +351,30 @@ Expected<Ledger::Segment::Lock> Ledger::Segment::lock() {
     header->lock_recoveries.fetch_add(1, std::memory_order_relaxed);
     reclaim_dead_locked();
   }
-  if (Status valid = validate_entries_locked(); !valid) return std::move(valid).error();
   return held;
 }
 
 Status Ledger::Segment::validate_entries_locked() const {
+  const std::uint32_t recorded_end = header->slots_end.load(std::memory_order_relaxed);
+  if (recorded_end > kEntryCount)
+    return share::refuse(name, "its slots_end is " + std::to_string(recorded_end) + ", above its " +
+                                   std::to_string(kEntryCount) + " entries");
+  // The hot path reads only the entries below slots_end: none past it may be active.
+  for (std::uint32_t i = recorded_end; i < kEntryCount; ++i) {
+    if (entries[i].state.load(std::memory_order_relaxed) != kEntryFree)
+      return share::refuse(name, "entry " + std::to_string(i) + " is in use past slots_end " +
+                                     std::to_string(recorded_end));
+  }
+  auto sums = scan_locked(kEntryCount);
+  if (!sums) return std::move(sums).error();
+  return {};
+}
+
+Expected<Ledger::Segment::Sums> Ledger::Segment::scan_locked(std::uint32_t except_slot) const {
   const std::size_t limit = limit_bytes();
-  std::size_t sum = 0;
-  for (std::uint32_t i = 0; i < kEntryCount; ++i) {
+  Sums sums;
+  const std::uint32_t end = slots_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
     const Entry& entry = entries[i];
     const std::uint32_t state = entry.state.load(std::memory_order_relaxed);
     if (state == kEntryFree) continue;
@@ -362,18 +395,20 @@ Status Ledger::Segment::validate_entries_locked() const {
       return corrupt("reserves " + std::to_string(reserved) + " bytes with quota " + std::to_string(quota) +
                      ", above the limit of " + std::to_string(limit));
     }
-    sum += reserved;
+    sums.reserved += reserved;
+    if (i != except_slot) sums.committed_others += std::max(reserved, quota);
   }
-  if (sum > limit) {
-    return share::refuse(name, "its entries reserve " + std::to_string(sum) + " bytes, above its limit of " +
-                                   std::to_string(limit));
+  if (sums.reserved > limit) {
+    return share::refuse(name, "its entries reserve " + std::to_string(sums.reserved) +
+                                   " bytes, above its limit of " + std::to_string(limit));
   }
-  return {};
+  return sums;
 }
 
 std::size_t Ledger::Segment::committed_locked(std::uint32_t except_slot) const {
   std::size_t committed = 0;
-  for (std::uint32_t i = 0; i < kEntryCount; ++i) {
+  const std::uint32_t end = slots_end();
+  for (std::uint32_t i = 0; i < end; ++i) {
     if (i == except_slot || entries[i].state.load(std::memory_order_relaxed) != kEntryActive) continue;
     committed += std::max(entries[i].reserved_bytes.load(std::memory_order_relaxed),
                           entries[i].quota_bytes.load(std::memory_order_relaxed));
@@ -381,26 +416,24 @@ std::size_t Ledger::Segment::committed_locked(std::uint32_t except_slot) const {
   return committed;
 }
 
-Ledger::Segment::Shortfall Ledger::Segment::shortfall_locked(std::uint32_t slot, std::size_t bytes) const {
+Expected<Ledger::Segment::Shortfall> Ledger::Segment::reserve_locked(std::uint32_t slot, std::size_t bytes) {
   const std::size_t limit = limit_bytes();
-  const Entry& me = entries[slot];
+  Entry& me = entries[slot];
   const std::size_t reserved = me.reserved_bytes.load(std::memory_order_relaxed);
   const std::size_t quota = me.quota_bytes.load(std::memory_order_relaxed);
-  if (bytes > limit) return {bytes - limit, false};
-  if (quota != 0 && reserved + bytes > quota) return {reserved + bytes - quota, true};
-  const std::size_t needed = committed_locked(slot) + std::max(reserved + bytes, quota);
-  return {needed > limit ? needed - limit : 0, false};
-}
-
-void Ledger::Segment::add_reservation_locked(std::uint32_t slot, std::size_t bytes) {
-  entries[slot].reserved_bytes.fetch_add(bytes, std::memory_order_relaxed);
-  std::size_t sum = 0;
-  for (std::uint32_t i = 0; i < kEntryCount; ++i) {
-    if (entries[i].state.load(std::memory_order_relaxed) == kEntryActive)
-      sum += entries[i].reserved_bytes.load(std::memory_order_relaxed);
-  }
+  if (bytes > limit) return Shortfall{bytes - limit, false};
+  if (quota != 0 && reserved + bytes > quota) return Shortfall{reserved + bytes - quota, true};
+  auto sums = scan_locked(slot);
+  if (!sums) return std::move(sums).error();
+  const std::size_t needed = sums->committed_others + std::max(reserved + bytes, quota);
+  if (needed > limit) return Shortfall{needed - limit, false};
+  me.reserved_bytes.store(reserved + bytes, std::memory_order_relaxed);
+  // Our own entry's releases are lock-free and only lower the sum, so this
+  // is at least the true sum: the peak never misses a high.
+  const std::size_t sum = sums->reserved + bytes;
   if (sum > header->peak_reserved_bytes.load(std::memory_order_relaxed))
     header->peak_reserved_bytes.store(sum, std::memory_order_relaxed);
+  return Shortfall{};
 }
 
 std::size_t Ledger::Segment::reclaim_dead_locked() {

@@ -1,6 +1,6 @@
 // The ledger segment's layout and the operations on it under its lock.
 //
-// Layout (version 1), all fields native-endian:
+// Layout (version 2), all fields native-endian:
 //   offset 0   SegmentHeader: init_state, creator pid, then the checksummed
 //              SegmentIdentity (magic, layout version, sizes, limit, device
 //              id), then the mutable part (the robust mutex, counters)
@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -25,7 +26,7 @@
 namespace tidepool::share {
 
 inline constexpr std::uint64_t kLedgerMagic = 0x3152'4744'454c'5054;  // "TPLEDGR1" read little-endian
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;  // 2: slots_end
 inline constexpr std::uint32_t kEntryCount = 128;
 inline constexpr std::uint32_t kInitReady = 0x59444552;    // "REDY": the creator finished
 inline constexpr std::uint32_t kEntryFree = 0;
@@ -62,6 +63,10 @@ struct alignas(64) SegmentHeader {
   std::atomic<std::uint64_t> peak_reserved_bytes;
   std::atomic<std::uint64_t> reclaimed_entries;
   std::atomic<std::uint64_t> lock_recoveries;
+  // One past the highest slot ever made active; never lowered. Slots are
+  // taken lowest first, so the hot path's scans stop here instead of
+  // reading all kEntryCount entries (a cache miss each after a device call).
+  std::atomic<std::uint32_t> slots_end;
 };
 
 /// One process's entry. A slot becomes active by the store of kEntryActive
@@ -118,25 +123,37 @@ struct Ledger::Segment {
    private:
     Segment* segment_;
   };
+  /// The lock, with the entries checked (validate_entries_locked).
   Expected<Lock> lock();
+  /// The lock, entries not checked: for a caller whose own pass over the
+  /// entries checks them (reserve_locked), so the hot path reads them once.
+  Expected<Lock> lock_unchecked();
 
   /// What a reservation lacks: 0 bytes when it fits.
   struct Shortfall {
     std::size_t bytes = 0;
     bool by_quota = false;  // the process's own quota refuses it: no trim can help
   };
-  /// The budget check of ledger.hpp for `bytes` more in `slot`, locked.
-  Shortfall shortfall_locked(std::uint32_t slot, std::size_t bytes) const;
+  /// The budget check of ledger.hpp for `bytes` more in `slot` and, when they
+  /// fit, the reservation (raising the peak); locked. One pass over the
+  /// entries, which also checks their invariants (corrupt_data).
+  Expected<Shortfall> reserve_locked(std::uint32_t slot, std::size_t bytes);
   /// Bytes the active entries commit, sum of max(reserved, quota), leaving out
   /// `except_slot` (kEntryCount: none), locked.
   std::size_t committed_locked(std::uint32_t except_slot) const;
-  /// Adds bytes to slot's reservation and raises the peak, locked; the caller
-  /// checked shortfall_locked.
-  void add_reservation_locked(std::uint32_t slot, std::size_t bytes);
   /// Clears the entries of dead processes, locked. Returns how many.
   std::size_t reclaim_dead_locked();
   /// Checks the entries' invariants, locked: corrupt_data naming the entry.
   Status validate_entries_locked() const;
+
+  /// What one checked pass over the entries sums.
+  struct Sums {
+    std::size_t reserved = 0;          // over the active entries
+    std::size_t committed_others = 0;  // max(reserved, quota) over the active entries but one
+  };
+  /// Checks the entries' invariants and sums them, leaving `except_slot`
+  /// (kEntryCount: none) out of committed_others; locked.
+  Expected<Sums> scan_locked(std::uint32_t except_slot) const;
 
   /// The snapshot, locked (liveness read from /proc).
   LedgerSnapshot snapshot_locked() const;
@@ -144,6 +161,22 @@ struct Ledger::Segment {
   std::string holders_locked(std::uint32_t except_slot) const;
 
   std::size_t limit_bytes() const { return header->identity.limit_bytes; }
+  /// One past the highest slot ever active, at most kEntryCount: scans of
+  /// the entries stop here.
+  std::uint32_t slots_end() const {
+    return std::min(header->slots_end.load(std::memory_order_acquire), share::kEntryCount);
+  }
+  /// Records that `slot` is about to become active, locked.
+  void note_slot_used_locked(std::uint32_t slot) {
+    if (slot + 1 > header->slots_end.load(std::memory_order_relaxed))
+      header->slots_end.store(slot + 1, std::memory_order_release);
+  }
+
+ private:
+  /// pthread_mutex_timedlock with lock_timeout; its result.
+  int timed_lock();
+  /// The Lock, or the error, for a lock call's result (EOWNERDEAD recovered).
+  Expected<Lock> locked(int rc);
 };
 
 namespace share {

@@ -162,6 +162,43 @@ TEST(LedgerSegment, RefusesACorruptEntry) {
   EXPECT_NE(snapshot.error().message().find("entry 3"), std::string::npos) << snapshot.error().message();
 }
 
+TEST(LedgerSegment, ScansStopAtTheHighestSlotEverUsed) {
+  UniqueSegment segment("slots");
+  auto first = ledger_device(segment.name());
+  auto second = ledger_device(segment.name());
+  RawSegment raw(segment.name());
+  EXPECT_EQ(raw.header().slots_end.load(), 2u);
+  second.reset();  // never lowered: a later registration may take slot 1 again
+  EXPECT_EQ(raw.header().slots_end.load(), 2u);
+  auto third = ledger_device(segment.name());
+  EXPECT_EQ(raw.header().slots_end.load(), 2u);
+}
+
+TEST(LedgerSegment, RefusesAnEntryInUsePastTheSlotsEnd) {
+  UniqueSegment segment("hidden");
+  auto device = ledger_device(segment.name());
+  {
+    RawSegment raw(segment.name());
+    // A live-looking entry the hot path would not read: refused, not trusted.
+    raw.entry(5).pid.store(getpid());
+    raw.entry(5).state.store(share::kEntryActive);
+  }
+  auto snapshot = Ledger::open_existing(segment.name()).value()->snapshot();
+  ASSERT_FALSE(snapshot);
+  EXPECT_EQ(snapshot.error().code(), Errc::corrupt_data);
+  EXPECT_NE(snapshot.error().message().find("entry 5 is in use past slots_end 1"), std::string::npos)
+      << snapshot.error().message();
+  RawSegment(segment.name()).entry(5).state.store(share::kEntryFree);
+  {
+    RawSegment raw(segment.name());
+    raw.header().slots_end.store(share::kEntryCount + 1);
+  }
+  snapshot = Ledger::open_existing(segment.name()).value()->snapshot();
+  ASSERT_FALSE(snapshot);
+  EXPECT_NE(snapshot.error().message().find("slots_end is 129"), std::string::npos) << snapshot.error().message();
+  RawSegment(segment.name()).header().slots_end.store(1);  // lets the device's destructor run clean
+}
+
 TEST(LedgerSegment, RefusesAnotherDeviceOrLimit) {
   UniqueSegment segment("mismatch");
   auto first = ledger_device(segment.name());
