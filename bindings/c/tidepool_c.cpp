@@ -3,11 +3,11 @@
 // the thread's last error.
 #include "tidepool/tidepool.h"
 
-#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
 
+#include "c_stats.hpp"
 #include "settings.hpp"
 #include "tidepool/allocator.hpp"
 #include "tidepool/config.hpp"
@@ -148,19 +148,8 @@ int tidepool_get_stats(const tidepool_allocator* allocator, tidepool_stats* out,
   return guarded("tidepool_get_stats", [&]() -> int {
     if (allocator == nullptr) return null_argument("tidepool_get_stats", "allocator");
     if (out == nullptr) return null_argument("tidepool_get_stats", "out");
-    const tidepool::Stats s = allocator->stack.allocator->stats();
-    const tidepool_stats full{s.bytes_in_use,      s.peak_bytes_in_use,  s.num_allocs,
-                              s.largest_alloc_size, s.bytes_limit,        s.bytes_reserved,
-                              s.peak_bytes_reserved, s.largest_free_block_bytes,
-                              s.pool_bytes,        s.peak_pool_bytes,    s.num_device_allocs,
-                              s.num_device_frees,  s.num_ooms,           s.bytes_mapped,
-                              s.granules_free,     s.num_maps,           s.num_unmaps,
-                              s.num_stitches,      s.num_releases};
-    // A counter added to Stats must be added to the struct (at its end).
-    if (s.items().size() != sizeof(tidepool_stats) / sizeof(std::int64_t))
+    if (!tidepool::bindings::copy_stats(allocator->stack.allocator->stats(), out, out_size))
       return fail(TIDEPOOL_ERROR_INTERNAL, "tidepool_get_stats: tidepool_stats lacks counters of Stats");
-    std::memset(out, 0, out_size);
-    std::memcpy(out, &full, out_size < sizeof full ? out_size : sizeof full);
     return TIDEPOOL_OK;
   });
 }

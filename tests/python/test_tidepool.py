@@ -1,6 +1,7 @@
 """The Python package: Allocator, memory_stats with JAX's names, errors as
 exceptions with tidepool's messages, replay rows, and the ledger."""
 import os
+import subprocess
 import threading
 
 import pytest
@@ -177,3 +178,38 @@ def test_replay_errors():
 def test_ledger_missing_segment():
     with pytest.raises(tidepool.IOError, match="tidepool-pytest-no-such-segment"):
         tidepool.ledger("/tidepool-pytest-no-such-segment")
+
+
+def test_ledger_shows_a_running_process():
+    cli, app = os.environ.get("CLI_PATH"), os.environ.get("PRELOAD_APP")
+    if not cli or not app:
+        pytest.skip("needs the tidepool command and tests/preload's program (CLI_PATH, PRELOAD_APP)")
+    name = f"/tidepool-pytest-{os.getpid()}"
+    fake_total = 16 * GiB  # tests/preload/fake_cuda.c's device
+    process = subprocess.Popen([cli, "run", "--quota", "25%", "--ledger", name, "--", app, "--wait"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        lines = {}
+        for line in process.stdout:
+            word, _, rest = line.strip().partition(" ")
+            lines[word] = rest
+            if word == "ready":
+                break
+        pid = int(lines["pid"])
+        snapshot = tidepool.ledger(name)
+        assert snapshot["segment_name"] == name
+        assert snapshot["device_total_bytes"] == fake_total
+        entry = next(e for e in snapshot["entries"] if e["pid"] == pid)
+        quota = int(fake_total * 0.25)
+        assert entry["alive"] and entry["quota_bytes"] == quota
+        assert entry["reserved_bytes"] == quota // 4 * 3 + MiB  # 75% preallocated + 1 MiB held
+        assert snapshot["committed_bytes"] >= quota
+        process.stdin.write("go\n")
+        process.stdin.close()
+        assert process.wait(timeout=30) == 0
+        assert all(e["pid"] != pid for e in tidepool.ledger(name)["entries"])
+    finally:
+        process.kill()
+        process.wait()
+        if os.path.exists("/dev/shm" + name):
+            os.unlink("/dev/shm" + name)
