@@ -265,7 +265,7 @@ class Interposer {
   CUresult allocate(CUdevice device, std::size_t bytes, bool physical, const std::function<CUresult()>& call,
                     const std::function<unsigned long long()>& key) {
     LedgerDevice* ledger = ledger_for(device);
-    if (ledger == nullptr) return refused_without_ledger(device, call);
+    if (ledger == nullptr) return refused_without_ledger(call);
     Expected<bool> done = in_flight(call, [&]() -> Expected<bool> {
       if (physical) {
         auto handle = ledger->create(bytes);
@@ -397,10 +397,11 @@ class Interposer {
     return LedgerDevice::create(std::move(driver), options);
   }
 
-  CUresult refused_without_ledger(CUdevice device, const std::function<CUresult()>& call) {
+  /// A device whose ledger entry could not be registered gets nothing (its
+  /// quota could not be guaranteed); after shut_down, the driver decides.
+  CUresult refused_without_ledger(const std::function<CUresult()>& call) {
     std::lock_guard lock(mutex_);
-    if (stopped_) return call();  // exiting: the driver alone
-    (void)device;
+    if (stopped_) return call();
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
 

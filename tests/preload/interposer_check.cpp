@@ -149,6 +149,7 @@ TEST(Interposer, QuotaLimitsWhatTheProgramSeesAndGets) {
   ASSERT_TRUE(app.read_until("ready")) << app.errors();
 
   const long long quota = static_cast<long long>(static_cast<long double>(kFakeTotal) * 0.4L);
+  EXPECT_EQ(app.number("cudart_loaded"), 0);  // the interposer brings no CUDA runtime
   // cuMemGetInfo_v2 reports the quota as the device, through every way in.
   EXPECT_EQ(app.number("info0", 0), 0);
   EXPECT_EQ(app.number("info0", 2), quota);

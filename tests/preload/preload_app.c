@@ -6,6 +6,7 @@
  * line on stdin before freeing and exiting (leaving 1 MiB unfreed). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -23,11 +24,23 @@ typedef int (*mem_free_async_fn)(unsigned long long, void*);
 
 static const size_t MiB = (size_t)1 << 20;
 
+/* Counts the loaded objects whose name contains `data` (a string). */
+static int count_loaded(struct dl_phdr_info* info, size_t size, void* data) {
+  (void)size;
+  const char** needle = (const char**)data;
+  if (info->dlpi_name != NULL && strstr(info->dlpi_name, needle[0]) != NULL) needle[1] = "1";
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const int wait = argc > 1 && strcmp(argv[1], "--wait") == 0;
   setvbuf(stdout, NULL, _IOLBF, 0);
   printf("pid %d\n", (int)getpid());
   printf("init %d\n", cuInit(0));
+  /* The interposer must not bring a CUDA runtime into the program. */
+  const char* cudart[2] = {"libcudart", "0"};
+  dl_iterate_phdr(count_loaded, cudart);
+  printf("cudart_loaded %s\n", cudart[1]);
 
   size_t free_bytes = 0, total = 0;
   int rc = cuMemGetInfo_v2(&free_bytes, &total);
