@@ -91,7 +91,10 @@ struct Config {
   /// The pool. From TIDEPOOL_ALLOCATOR or XLA_PYTHON_CLIENT_ALLOCATOR; for
   /// bfc/default, preallocate or growth as `preallocate` says. text keeps the
   /// spelling the user wrote (e.g. "vmm").
-  Setting<Mode> mode{Mode::preallocate};
+  /// With none of them, nor XLA_PYTHON_CLIENT_PREALLOCATE or a JAX memory
+  /// fraction, set: expandable, tidepool's default. Any JAX variable brings
+  /// JAX's own default back (preallocate, BFC).
+  Setting<Mode> mode{Mode::expandable};
   /// The most the pool takes, as a fraction of the device's total, in (0, 1].
   Setting<double> mem_fraction{0.75};
   /// Whether bfc/default preallocates. Also passed to cuda_async (XLA reserves

@@ -269,6 +269,12 @@ Status read_mode(const Environment& env, Config& config) {
   Setting<bool>& preallocate = config.preallocate;
   switch (choice.value) {
     case Choice::bfc:
+      if (choice.is_default() && preallocate.is_default() && config.mem_fraction.source.rfind("XLA_", 0) != 0) {
+        // Nothing names a pool and no JAX variable asks for JAX's behaviour:
+        // tidepool's own default, which grows, shrinks and does not fragment.
+        config.mode = Setting<Mode>{Mode::expandable};
+        return {};
+      }
       config.mode = {preallocate.value ? Mode::preallocate : Mode::growth,
                      join_sources(choice.source, preallocate.source), choice.text};
       return {};

@@ -6,6 +6,7 @@
 #include "config/ledger_stack.hpp"
 #include "tidepool/best_fit_pool.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/expandable_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/passthrough_pool.hpp"
 #ifdef TIDEPOOL_HAVE_CUDA
@@ -71,8 +72,10 @@ Status mode_supported(Mode mode, const Device& device) {
     case Mode::platform:
       return {};
     case Mode::expandable:
-      (void)device;
-      return unavailable(mode, "the expandable pool is not part of this build yet");
+      if (!device.supports_virtual_memory())
+        return unavailable(mode, "it needs a device with virtual memory calls, and " +
+                                     device.description() + " has none");
+      return {};
     case Mode::cuda_async:
 #ifdef TIDEPOOL_HAVE_CUDA
       if (find_cuda_device(device) == nullptr)
@@ -125,8 +128,14 @@ Expected<std::unique_ptr<Allocator>> make_pool(Mode mode, const Config& config,
       break;  // refused by mode_supported
 #endif
     }
-    case Mode::expandable:
-      break;  // refused by mode_supported until its pool is built in
+    case Mode::expandable: {
+      ExpandableOptions options;
+      options.bytes_limit = bytes_limit;
+      if (config.release_threshold.value) options.release_threshold = *config.release_threshold.value;
+      auto pool = ExpandablePool::create(std::move(device), options);
+      if (!pool) return std::move(pool).error();
+      return std::unique_ptr<Allocator>(std::move(*pool));
+    }
   }
   return unavailable(mode, "unknown mode");
 }

@@ -71,9 +71,9 @@ TEST(Mode, NamesRoundTrip) {
 
 // --- defaults -----------------------------------------------------------
 
-TEST(ConfigDefaults, AreJaxDefaults) {
+TEST(ConfigDefaults, AreJaxDefaultsButTheExpandablePool) {
   Config config = load_ok({});
-  EXPECT_EQ(config.mode.value, Mode::preallocate);
+  EXPECT_EQ(config.mode.value, Mode::expandable);  // tidepool's own default
   EXPECT_TRUE(config.mode.is_default());
   EXPECT_DOUBLE_EQ(config.mem_fraction.value, 0.75);
   EXPECT_TRUE(config.mem_fraction.is_default());
@@ -88,6 +88,21 @@ TEST(ConfigDefaults, AreJaxDefaults) {
   EXPECT_TRUE(config.warnings.empty());
   EXPECT_TRUE(config.notes.empty());
   EXPECT_EQ(config.bytes_limit(16 * GiB), 12 * GiB);
+}
+
+TEST(ConfigDefaults, AnyJaxVariableBringsBackJaxsDefaultPool) {
+  // As in JAX: set XLA_PYTHON_CLIENT_PREALLOCATE or a JAX memory fraction and
+  // BFC runs, preallocated unless told otherwise.
+  EXPECT_EQ(load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", "true"}}).mode.value, Mode::preallocate);
+  EXPECT_EQ(load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", "false"}}).mode.value, Mode::growth);
+  EXPECT_EQ(load_ok({{"XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5"}}).mode.value, Mode::preallocate);
+  EXPECT_EQ(load_ok({{"XLA_CLIENT_MEM_FRACTION", "0.5"}}).mode.value, Mode::preallocate);
+  EXPECT_EQ(load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", "default"}}).mode.value, Mode::preallocate);
+  EXPECT_EQ(load_ok({{"TIDEPOOL_PREALLOCATE", "true"}}).mode.value, Mode::preallocate);
+  // tidepool's own fraction only bounds tidepool's default.
+  Config bounded = load_ok({{"TIDEPOOL_MEM_FRACTION", "0.5"}});
+  EXPECT_EQ(bounded.mode.value, Mode::expandable);
+  EXPECT_EQ(bounded.bytes_limit(16 * GiB), 8 * GiB);
 }
 
 TEST(ConfigDefaults, DefaultDeviceIsHostWithoutCuda) {
