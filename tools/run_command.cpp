@@ -65,10 +65,14 @@ Status set_variable(const char* name, const std::string& value) {
 
 int run(const RunOptions& options) {
   if (!options.quota.empty()) {
-    // One parser: the quota is TIDEPOOL_QUOTA's, checked here before the program starts.
     if (Status set = set_variable("TIDEPOOL_QUOTA", options.quota); !set) return report_error(set.error());
-    auto config = Config::from_env();
-    if (!config) return report_error(Error(config.error().code(), "--quota: " + config.error().message()));
+  }
+  // The interposer reads the configuration (the quota, the ledger's mode)
+  // with the one parser: check it here, before the program starts.
+  if (auto config = Config::from_env(); !config) {
+    const std::string& message = config.error().message();
+    const bool about_quota = !options.quota.empty() && message.find("TIDEPOOL_QUOTA") != std::string::npos;
+    return report_error(Error(config.error().code(), (about_quota ? "--quota: " : "") + message));
   }
   if (!options.ledger.empty()) {
     const std::string name = options.ledger.front() == '/' ? options.ledger : "/" + options.ledger;

@@ -241,6 +241,14 @@ TEST(RunCommand, RefusesBadArguments) {
   EXPECT_EQ(bad_ledger.finish(), 1);
   EXPECT_NE(bad_ledger.errors().find("--ledger 'a/b'"), std::string::npos) << bad_ledger.errors();
 
+  // The interposer would read the same configuration: a bad one stops the program before it starts.
+  setenv("TIDEPOOL_ALLOCATOR", "bogus", 1);
+  Child bad_environment({TIDEPOOL_CLI, "run", "--", PRELOAD_APP});
+  unsetenv("TIDEPOOL_ALLOCATOR");
+  EXPECT_EQ(bad_environment.finish(), 1);
+  EXPECT_NE(bad_environment.errors().find("TIDEPOOL_ALLOCATOR='bogus'"), std::string::npos) << bad_environment.errors();
+  EXPECT_FALSE(bad_environment.has("pid"));
+
   Child missing({TIDEPOOL_CLI, "run", "--", "/nonexistent/program"});
   EXPECT_EQ(missing.finish(), 127);
   EXPECT_NE(missing.errors().find("cannot run '/nonexistent/program'"), std::string::npos) << missing.errors();
