@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   require(device.has_value());
   const std::size_t device_free_at_start = (*device)->mem_info().free_bytes;
   Config config;
+  // The release threshold (expandable, cuda_async): keep all, none, or 8 MiB.
+  const std::uint8_t release = in.next() % 3;
+  if (release != 0) config.release_threshold = {std::optional<std::size_t>(release == 1 ? 0 : 8 * MiB)};
   if (!mode_supported(mode, **device)) return 0;
   auto pool = make_allocator(mode, config, *device);
   require(pool.has_value());
@@ -96,9 +100,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (op % 8 < 4) {
       const std::size_t bytes = decode_size(in);
       const Stream stream = (op & 0x10) ? 1 : kDefaultStream;
+      const Stats before = allocator.stats();
       auto ptr = allocator.allocate(bytes, stream);
       if (!ptr) {
         require(ptr.error().code() == Errc::out_of_memory);
+        if (mode == Mode::expandable) {
+          // Stitching: an OOM only when free granules and room to map more
+          // cannot cover the granules the block spans (at most one more
+          // than its size in granules).
+          constexpr std::int64_t G = 2 * MiB;
+          const std::int64_t room = (before.bytes_limit - before.bytes_mapped) / G;
+          const auto spans = static_cast<std::int64_t>((bytes + G - 1) / G) + 1;
+          require(bytes > static_cast<std::size_t>(before.bytes_limit) || spans > before.granules_free + room);
+        }
         continue;
       }
       if (bytes == 0) {
@@ -146,6 +160,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     require(stats.bytes_reserved >= stats.bytes_in_use);
     require(stats.peak_bytes_reserved >= stats.bytes_reserved);
     require(live.empty() == (stats.bytes_in_use == 0));
+    if (mode == Mode::expandable) {
+      require(stats.bytes_mapped == stats.bytes_reserved);
+      require(stats.bytes_mapped <= stats.bytes_limit);
+      require(stats.granules_free * static_cast<std::int64_t>(2 * MiB) <= stats.bytes_mapped - stats.bytes_in_use);
+      require(static_cast<std::size_t>(stats.bytes_mapped) == (*device)->mem_info().total_bytes -
+                                                                 (*device)->mem_info().free_bytes);
+    }
   }
 
   for (const auto& [address, block] : live) {
