@@ -29,6 +29,9 @@ using pool::kNoStream;
 // blocks, three for large ones. More is reserved only if a part runs out.
 constexpr std::size_t kSmallSpaceShares = 1;
 constexpr std::size_t kLargeSpaceShares = 3;
+// Free granules up to 1/64 of the mapped ones are kept rather than stolen
+// (see back()): peak reserved stays within ~1.6% of what the blocks span.
+constexpr std::size_t kSlackShare = 64;
 
 pool::ArenaOptions arena_options() {
   // Always split: a chunk's unused tail would otherwise hold physical memory
@@ -72,6 +75,8 @@ struct ExpandablePool::State {
 
   std::size_t mapped_bytes() const noexcept { return granules.mapped() * granule; }
   std::size_t free_granule_bytes() const noexcept { return granules.free_count() * granule; }
+  /// Free granules kept before stealing: 1/64 of those mapped.
+  std::size_t slack_granules() const noexcept { return granules.mapped() / kSlackShare; }
 
   /// Reserves `bytes` of address space for one arena.
   Status add_space(std::size_t bytes, bool for_small);
@@ -191,10 +196,13 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   bool stitched = false;
   for (GranuleId id = first; id <= last; ++id) {
     if (granules[id].mapped) continue;
-    // A free granule from elsewhere first (footprint stays flat), new
-    // physical memory only when none is free.
+    // A free granule from elsewhere (footprint stays flat) while more than
+    // the slack is free or there is no room to grow; new physical memory
+    // otherwise. The slack stops a cascade: each stolen granule leaves a hole
+    // in some free range, and the next request landing there would steal again.
     PhysicalHandle handle = 0;
-    if (granules.free_count() > 0) {
+    const bool at_limit = mapped_bytes() + granule > bytes_limit;
+    if (granules.free_count() > slack_granules() || (at_limit && granules.free_count() > 0)) {
       Expected<PhysicalHandle> stolen = unmap_oldest_free();
       if (!stolen) {
         undo();
