@@ -2,79 +2,26 @@
 // makes: this process registered with a quota, and a child killed with
 // SIGKILL whose entry is left dead; the text, the JSON, --reclaim, and a
 // missing ledger.
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "share/ledger_test_support.hpp"
+#include "tools/run_cli.hpp"
 
 namespace tidepool::test {
 namespace {
 
 #ifdef TIDEPOOL_CLI
 
-struct Result {
-  int exit_status = -1;  // -1: did not exit normally
-  std::string out;
-  std::string err;
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Runs `tidepool args...` with only PATH in its environment, its output in
-// files so neither pipe can fill and block it.
-Result run_cli(const std::vector<std::string>& args) {
-  char dir_template[] = "/tmp/tidepool-ledger-cli-test-XXXXXX";
-  const char* dir = mkdtemp(dir_template);
-  EXPECT_NE(dir, nullptr);
-  if (dir == nullptr) return {};
-  const std::string out_path = std::string(dir) + "/out";
-  const std::string err_path = std::string(dir) + "/err";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  std::vector<std::string> argv_storage = {TIDEPOOL_CLI};
-  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& arg : argv_storage) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  std::string path = "PATH=/usr/bin:/bin";
-  char* envp[] = {path.data(), nullptr};
-  Result result;
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, TIDEPOOL_CLI, &actions, nullptr, argv.data(), envp);
-  posix_spawn_file_actions_destroy(&actions);
-  EXPECT_EQ(spawned, 0) << "cannot run " << TIDEPOOL_CLI;
-  if (spawned == 0) {
-    int status = 0;
-    EXPECT_EQ(waitpid(pid, &status, 0), pid);
-    if (WIFEXITED(status)) result.exit_status = WEXITSTATUS(status);
-  }
-  result.out = read_file(out_path);
-  result.err = read_file(err_path);
-  unlink(out_path.c_str());
-  unlink(err_path.c_str());
-  rmdir(dir);
-  return result;
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using Result = CliResult;
 
 /// The line of `text` that starts (after padding) with `pid`.
 std::string row_of(const std::string& text, int pid) {
