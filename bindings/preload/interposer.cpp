@@ -583,7 +583,8 @@ void* wrapper_in_slot(int slot) {
 template <int... I>
 void* wrapper_of(Fn fn, int slot, std::integer_sequence<int, I...>) {
   void* out = nullptr;
-  ((fn == I ? (out = wrapper_in_slot<static_cast<Fn>(I)>(slot), true) : false) || ...);
+  [[maybe_unused]] const bool found =
+      ((fn == I ? (out = wrapper_in_slot<static_cast<Fn>(I)>(slot), true) : false) || ...);
   return out;
 }
 void* wrapper_of(Fn fn, int slot) { return wrapper_of(fn, slot, std::make_integer_sequence<int, fn_count>{}); }
