@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
     ++ran;
     std::printf(
         "soak: %-11s %9.0f ops/s  %llu allocs, %llu frees (%llu on another thread), %llu ooms, %llu trims, "
-        "%llu checkpoints, %s verified; peak in use %s, peak reserved %s, peak device %s: %s\n",
+        "%llu checkpoints, %s verified; peak in use %s, peak reserved %s, peak device at checkpoints %s: %s\n",
         name.c_str(), r.ops_per_second(), static_cast<unsigned long long>(r.allocations),
         static_cast<unsigned long long>(r.frees), static_cast<unsigned long long>(r.cross_thread_frees),
         static_cast<unsigned long long>(r.ooms), static_cast<unsigned long long>(r.trims),
