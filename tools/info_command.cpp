@@ -50,10 +50,14 @@ std::vector<Row> configuration_rows(const Config& config, const Device& device) 
   rows.push_back(row("host_capacity", config.host_capacity, format_bytes(config.host_capacity.value)));
   rows.push_back(row("release_threshold", config.release_threshold,
                      config.release_threshold.value ? format_bytes(*config.release_threshold.value)
-                                                    : "the pool's default"));
+                                                    : config.mode.value == Mode::expandable
+                                                          ? "keep all, until trim()"
+                                                          : "the pool's default"));
   rows.push_back(row("quota", config.quota,
                      config.quota.value ? config.quota.value->to_string() : "none"));
   rows.push_back(row("ledger", config.ledger, config.ledger.value ? "on" : "off"));
+  rows.push_back(row("ledger_mode", config.ledger_mode,
+                     config.ledger_mode.value == 0660 ? "group (0660)" : "user (0600)"));
   return rows;
 }
 

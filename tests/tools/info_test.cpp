@@ -41,6 +41,8 @@ TEST(TidepoolInfo, DefaultsAndWhereTheyCameFrom) {
   EXPECT_TRUE(contains(out, "capacity         16.0 GiB (17179869184 bytes)")) << out;
   EXPECT_TRUE(contains(out, "granularity")) << out;
   EXPECT_TRUE(contains(out, "mode               expandable")) << out;
+  EXPECT_TRUE(contains(out, "keep all, until trim()")) << out;
+  EXPECT_TRUE(contains(out, "ledger_mode        user (0600)")) << out;
   EXPECT_TRUE(contains(out, "mem_fraction       0.75")) << out;
   EXPECT_TRUE(contains(out, "bytes_limit        12.0 GiB")) << out;
   EXPECT_TRUE(contains(out, "default")) << out;
