@@ -10,19 +10,21 @@
 
 #include "cuda/cuda_test_support.hpp"
 #include "tidepool/best_fit_pool.hpp"
+#include "tidepool/expandable_pool.hpp"
 #include "tidepool/passthrough_pool.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool::test {
 namespace {
 
-enum class Kind { preallocate, growth, platform };
+enum class Kind { preallocate, growth, platform, expandable };
 
 std::string kind_name(const ::testing::TestParamInfo<Kind>& info) {
   switch (info.param) {
     case Kind::preallocate: return "preallocate";
     case Kind::growth: return "growth";
     case Kind::platform: return "platform";
+    case Kind::expandable: return "expandable";
   }
   return "unknown";
 }
@@ -31,6 +33,13 @@ class CudaPoolTest : public CudaTest, public ::testing::WithParamInterface<Kind>
  protected:
   std::unique_ptr<Allocator> pool(std::size_t bytes_limit) {
     if (GetParam() == Kind::platform) return std::make_unique<PassthroughPool>(device_, bytes_limit);
+    if (GetParam() == Kind::expandable) {
+      ExpandableOptions options;
+      options.bytes_limit = bytes_limit;
+      Expected<std::unique_ptr<ExpandablePool>> made = ExpandablePool::create(device_, options);
+      if (!made) throw Exception(made.error());
+      return std::move(made).value();
+    }
     BestFitOptions options;
     options.bytes_limit = bytes_limit;
     options.preallocate = GetParam() == Kind::preallocate;
@@ -121,7 +130,45 @@ TEST_P(CudaPoolTest, TrimGivesTheDeviceItsMemoryBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pools, CudaPoolTest,
-                         ::testing::Values(Kind::preallocate, Kind::growth, Kind::platform), kind_name);
+                         ::testing::Values(Kind::preallocate, Kind::growth, Kind::platform, Kind::expandable),
+                         kind_name);
+
+// The fragmentation case on the GPU: 512 MiB limit, 16 MiB blocks,
+// every other one freed, then one block of half the limit. The stitched
+// block is real GPU memory: written on the device and read back, with every
+// surviving block intact.
+class CudaExpandableTest : public CudaTest {};
+
+TEST_F(CudaExpandableTest, StitchedBlockHoldsDataAndSurvivorsAreIntact) {
+  ExpandableOptions options;
+  options.bytes_limit = 512 * MiB;
+  Expected<std::unique_ptr<ExpandablePool>> made = ExpandablePool::create(device_, options);
+  ASSERT_TRUE(made) << made.error().message();
+  ExpandablePool& pool = **made;
+  std::vector<void*> survivors;
+  for (int i = 0; i < 32; ++i) {
+    Expected<void*> block = pool.allocate(16 * MiB);
+    ASSERT_TRUE(block) << block.error().message();
+    if (i % 2 == 0) {
+      ASSERT_TRUE(pool.deallocate(*block));
+    } else {
+      ASSERT_TRUE(write_pattern(*block, 16 * MiB, static_cast<std::uint64_t>(i)));
+      survivors.push_back(*block);
+    }
+  }
+  Expected<void*> half = pool.allocate(256 * MiB);
+  ASSERT_TRUE(half) << half.error().message();
+  EXPECT_EQ(pool.stats().num_stitches, 1);
+  EXPECT_EQ(pool.stats().bytes_mapped, static_cast<std::int64_t>(512 * MiB));
+  ASSERT_TRUE(write_pattern(*half, 256 * MiB, 1000));
+  EXPECT_TRUE(pattern_intact(*half, 256 * MiB, 1000));
+  for (std::size_t k = 0; k < survivors.size(); ++k) {
+    EXPECT_TRUE(pattern_intact(survivors[k], 16 * MiB, 2 * k + 1)) << "survivor " << k;
+  }
+  ASSERT_TRUE(pool.deallocate(*half));
+  for (void* block : survivors) ASSERT_TRUE(pool.deallocate(block));
+  EXPECT_EQ(pool.trim(), 512 * MiB);
+}
 
 }  // namespace
 }  // namespace tidepool::test
