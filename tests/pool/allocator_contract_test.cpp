@@ -26,12 +26,6 @@ class AllocatorContract : public ::testing::TestWithParam<PoolKind> {
   std::shared_ptr<Device> device_;
 };
 
-void* must_allocate(Allocator& a, std::size_t bytes, Stream stream = kDefaultStream) {
-  Expected<void*> ptr = a.allocate(bytes, stream);
-  if (!ptr) throw Exception(ptr.error());
-  return *ptr;
-}
-
 // Fills a block with a pattern derived from its tag; checks it back.
 void write_pattern(void* ptr, std::size_t bytes, std::uint64_t tag) {
   auto* bytes_ptr = static_cast<unsigned char*>(ptr);

@@ -19,12 +19,6 @@ std::unique_ptr<BestFitPool> best_fit(std::shared_ptr<Device> device, bool preal
   return std::move(pool).value();
 }
 
-void* must_allocate(Allocator& a, std::size_t bytes, Stream stream = kDefaultStream) {
-  Expected<void*> ptr = a.allocate(bytes, stream);
-  if (!ptr) throw Exception(ptr.error());
-  return *ptr;
-}
-
 class BestFitBothModes : public ::testing::TestWithParam<bool> {};
 
 // TensorFlow GPUBFCAllocatorTest.ExerciseCoalescing: repeated rounds of

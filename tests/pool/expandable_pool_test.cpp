@@ -14,25 +14,10 @@
 namespace tidepool::test {
 namespace {
 
-std::shared_ptr<HostDevice> small_host_device(std::size_t capacity, std::size_t max_mappings = 0) {
-  HostDeviceOptions options;
-  options.capacity = capacity;
-  options.max_mappings = max_mappings;
-  auto device = HostDevice::create(options);
-  if (!device) throw Exception(device.error());
-  return std::move(device).value();
-}
-
 std::unique_ptr<ExpandablePool> expandable(std::shared_ptr<Device> device, ExpandableOptions options = {}) {
   auto pool = ExpandablePool::create(std::move(device), options);
   if (!pool) throw Exception(pool.error());
   return std::move(pool).value();
-}
-
-void* must_allocate(Allocator& pool, std::size_t bytes, Stream stream = kDefaultStream) {
-  Expected<void*> ptr = pool.allocate(bytes, stream);
-  if (!ptr) throw Exception(ptr.error());
-  return *ptr;
 }
 
 // A pattern that differs per block and per word, so a block mapped onto
@@ -83,7 +68,7 @@ TEST(ExpandablePool, StitchingServesWhatBestFitRefusesAsSplit) {
     SCOPED_TRACE(preallocate ? "preallocate" : "growth");
     BestFitOptions options;
     options.preallocate = preallocate;
-    auto pool = BestFitPool::create(small_host_device(1 * GiB), options);
+    auto pool = BestFitPool::create(host_device(1 * GiB), options);
     ASSERT_TRUE(pool) << pool.error().message();
     Fragmented state = fill_and_free_every_other(**pool);
     ASSERT_GE(state.freed_bytes, 512 * MiB);
@@ -95,7 +80,7 @@ TEST(ExpandablePool, StitchingServesWhatBestFitRefusesAsSplit) {
         << half.error().oom()->hint;
   }
 
-  auto device = small_host_device(1 * GiB);
+  auto device = host_device(1 * GiB);
   auto pool = expandable(device);
   Fragmented state = fill_and_free_every_other(*pool);
   ASSERT_EQ(state.live.size(), 32u);  // 64 blocks of 16 MiB fill 1 GiB exactly
@@ -125,7 +110,7 @@ TEST(ExpandablePool, StitchingServesWhatBestFitRefusesAsSplit) {
 TEST(ExpandablePool, DataSurvivesStitchingTrimmingAndReuse) {
   // A small device and a small release threshold, so the sequence keeps
   // stitching, releasing and mapping again.
-  auto device = small_host_device(256 * MiB);
+  auto device = host_device(256 * MiB);
   ExpandableOptions options;
   options.release_threshold = 16 * MiB;
   auto pool = expandable(device, options);
@@ -178,7 +163,7 @@ TEST(ExpandablePool, DataSurvivesStitchingTrimmingAndReuse) {
 }
 
 TEST(ExpandablePool, TrimReturnsTheDevicesFreeMemoryExactly) {
-  auto device = small_host_device(1 * GiB);
+  auto device = host_device(1 * GiB);
   const MemInfo before = device->mem_info();
   auto pool = expandable(device);
   std::vector<void*> blocks;
@@ -203,7 +188,7 @@ TEST(ExpandablePool, TrimReturnsTheDevicesFreeMemoryExactly) {
 }
 
 TEST(ExpandablePool, SmallBlocksShareGranulesAndLargeOnesAreReusedInPlace) {
-  auto device = small_host_device(1 * GiB);
+  auto device = host_device(1 * GiB);
   auto pool = expandable(device);
   std::vector<void*> small;
   for (int i = 0; i < 1000; ++i) small.push_back(must_allocate(*pool, 1 * KiB));
@@ -222,7 +207,7 @@ TEST(ExpandablePool, SmallBlocksShareGranulesAndLargeOnesAreReusedInPlace) {
 }
 
 TEST(ExpandablePool, ReleaseThresholdBoundsTheCachedGranules) {
-  auto device = small_host_device(1 * GiB);
+  auto device = host_device(1 * GiB);
   ExpandableOptions options;
   options.release_threshold = 32 * MiB;
   auto pool = expandable(device, options);
@@ -242,7 +227,7 @@ TEST(ExpandablePool, ReleaseThresholdBoundsTheCachedGranules) {
 }
 
 TEST(ExpandablePool, ErrorsAreClearAndChangeNothing) {
-  auto device = small_host_device(64 * MiB);
+  auto device = host_device(64 * MiB);
   auto pool = expandable(device);
   Expected<void*> too_large = pool->allocate(65 * MiB);
   ASSERT_FALSE(too_large);
@@ -281,12 +266,12 @@ class NoVirtualMemory final : public DeviceAdaptor {
 };
 
 TEST(ExpandablePool, NeedsVirtualMemory) {
-  auto pool = ExpandablePool::create(std::make_shared<NoVirtualMemory>(small_host_device(64 * MiB)));
+  auto pool = ExpandablePool::create(std::make_shared<NoVirtualMemory>(host_device(64 * MiB)));
   ASSERT_FALSE(pool);
   EXPECT_EQ(pool.error().code(), Errc::unsupported);
   EXPECT_NE(pool.error().message().find("no virtual memory"), std::string::npos);
 
-  auto tiny = ExpandablePool::create(small_host_device(64 * MiB), {.bytes_limit = 1 * MiB});
+  auto tiny = ExpandablePool::create(host_device(64 * MiB), {.bytes_limit = 1 * MiB});
   ASSERT_FALSE(tiny);
   EXPECT_EQ(tiny.error().code(), Errc::invalid_argument);
   EXPECT_NE(tiny.error().message().find("less than one 2.00 MiB granule"), std::string::npos)
@@ -297,7 +282,7 @@ TEST(ExpandablePool, TheMappingLimitIsAClearErrorAndThePoolRecovers) {
   // Room for the two reservations and a few runs of granules: stitching
   // scattered granules makes a mapping per granule, and the device refuses
   // the one past its budget.
-  auto device = small_host_device(256 * MiB, 12);
+  auto device = host_device(256 * MiB, 12);
   auto pool = expandable(device);
   std::vector<void*> blocks;
   for (int i = 0; i < 16; ++i) blocks.push_back(must_allocate(*pool, 16 * MiB));  // one run: merges
@@ -321,7 +306,7 @@ TEST(ExpandablePool, TheMappingLimitIsAClearErrorAndThePoolRecovers) {
 }
 
 TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {
-  auto counting = std::make_shared<SyncCountingDevice>(small_host_device(64 * MiB));
+  auto counting = std::make_shared<SyncCountingDevice>(host_device(64 * MiB));
   auto pool = expandable(counting);
   constexpr Stream kOne = 1, kTwo = 2, kThree = 3;
   // a and b, each 8 granules, kept apart by live one-granule blocks.

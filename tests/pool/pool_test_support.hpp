@@ -18,13 +18,22 @@
 
 namespace tidepool::test {
 
-/// A host device of `capacity` bytes (its memory is touched only where a test writes).
-inline std::shared_ptr<Device> host_device(std::size_t capacity = 16 * GiB) {
+/// A host device of `capacity` bytes (its memory is touched only where a
+/// test writes); max_mappings 0 is the device's default budget.
+inline std::shared_ptr<HostDevice> host_device(std::size_t capacity = 16 * GiB, std::size_t max_mappings = 0) {
   HostDeviceOptions options;
   options.capacity = capacity;
+  options.max_mappings = max_mappings;
   auto device = HostDevice::create(options);
   if (!device) throw Exception(device.error());
   return std::move(device).value();
+}
+
+/// allocate() that must succeed: a failure throws, with its message.
+inline void* must_allocate(Allocator& pool, std::size_t bytes, Stream stream = kDefaultStream) {
+  Expected<void*> ptr = pool.allocate(bytes, stream);
+  if (!ptr) throw Exception(ptr.error());
+  return *ptr;
 }
 
 /// Counts Device::synchronize calls by stream.
