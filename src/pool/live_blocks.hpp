@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <cstdio>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 
 #include "tidepool/device.hpp"
 #include "tidepool/error.hpp"
+#include "tidepool/units.hpp"
 
 namespace tidepool::pool {
 
@@ -36,8 +36,7 @@ class LiveBlocks {
   Expected<Map::iterator> find(void* ptr, std::string_view who) {
     const auto found = live_.find(ptr);
     if (found != live_.end()) return found;
-    char address[32];
-    std::snprintf(address, sizeof address, "%p", ptr);
+    const std::string address = format_address(ptr);
     if (std::find(recent_frees_.begin(), recent_frees_.end(), ptr) != recent_frees_.end())
       return Error(Errc::double_free, std::string(who) + ": free of " + address + ": freed already");
     return Error(Errc::invalid_pointer, std::string(who) + ": free of " + address +
