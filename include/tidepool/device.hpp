@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "tidepool/error.hpp"
@@ -66,6 +67,20 @@ class Device {
   /// is unmapped; bytes is the size the handle was created with. After it the
   /// range is readable and writable (cuMemMap + cuMemSetAccess).
   virtual Status map(void* va, std::size_t bytes, PhysicalHandle handle) = 0;
+  /// map() of each of `handles` (each created with bytes_each) side by side:
+  /// handles[i] at va + i * bytes_each. One call where a device can do better
+  /// than one map() each (the host device makes one system call for handles
+  /// whose memory is adjacent). Each handle is still its own mapping: unmap()
+  /// takes them back one by one. On failure none of them is mapped.
+  virtual Status map_many(void* va, std::size_t bytes_each, std::span<const PhysicalHandle> handles) {
+    for (std::size_t i = 0; i < handles.size(); ++i) {
+      Status mapped = map(static_cast<char*>(va) + i * bytes_each, bytes_each, handles[i]);
+      if (mapped) continue;
+      while (i-- > 0) (void)unmap(static_cast<char*>(va) + i * bytes_each, bytes_each);
+      return mapped;
+    }
+    return {};
+  }
   /// [va, va + bytes) is exactly one earlier map() call's range. The physical
   /// memory keeps its contents and may be mapped again elsewhere.
   virtual Status unmap(void* va, std::size_t bytes) = 0;
@@ -99,6 +114,9 @@ class DeviceAdaptor : public Device {
   Expected<PhysicalHandle> create(std::size_t bytes) override { return upstream_->create(bytes); }
   Status map(void* va, std::size_t bytes, PhysicalHandle handle) override {
     return upstream_->map(va, bytes, handle);
+  }
+  Status map_many(void* va, std::size_t bytes_each, std::span<const PhysicalHandle> handles) override {
+    return upstream_->map_many(va, bytes_each, handles);
   }
   Status unmap(void* va, std::size_t bytes) override { return upstream_->unmap(va, bytes); }
   Status release(PhysicalHandle handle, std::size_t bytes) override {

@@ -84,6 +84,8 @@ class CountingDevice final : public DeviceAdaptor {
   Status unreserve(void* va, std::size_t va_bytes) override;
   Expected<PhysicalHandle> create(std::size_t bytes) override;
   Status map(void* va, std::size_t bytes, PhysicalHandle handle) override;
+  /// Counted as one map() per handle.
+  Status map_many(void* va, std::size_t bytes_each, std::span<const PhysicalHandle> handles) override;
   Status unmap(void* va, std::size_t bytes) override;
   Status release(PhysicalHandle handle, std::size_t bytes) override;
   Status synchronize(Stream stream) override;

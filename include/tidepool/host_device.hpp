@@ -69,6 +69,9 @@ class HostDevice final : public Device {
   /// reservation. limit_reached when the mapping would take the device past
   /// max_mappings kernel mappings.
   Status map(void* va, std::size_t bytes, PhysicalHandle handle) override;
+  /// map() of each handle side by side, with one mmap per run of handles
+  /// whose memfd ranges are adjacent too.
+  Status map_many(void* va, std::size_t bytes_each, std::span<const PhysicalHandle> handles) override;
   /// [va, va + bytes) is exactly one earlier map() call's range. The range
   /// goes back to PROT_NONE reserved space; the physical memory keeps its data.
   /// Never refused for the mapping budget (its headroom absorbs a split).

@@ -157,6 +157,17 @@ Status CountingDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
   return mapped;
 }
 
+Status CountingDevice::map_many(void* va, std::size_t bytes_each, std::span<const PhysicalHandle> handles) {
+  if (handles.empty()) return {};
+  auto mapped = counted(kMap, [&] { return upstream().map_many(va, bytes_each, handles); });
+  AtomicCall& counter = calls_[kMap];
+  counter.calls.fetch_add(handles.size() - 1, std::memory_order_relaxed);
+  if (!mapped) counter.failures.fetch_add(handles.size() - 1, std::memory_order_relaxed);
+  const std::size_t bytes = bytes_each * handles.size();
+  if (mapped) raise_peak(peak_mapped_, mapped_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  return mapped;
+}
+
 Status CountingDevice::unmap(void* va, std::size_t bytes) {
   auto unmapped = counted(kUnmap, [&] { return upstream().unmap(va, bytes); });
   if (unmapped) mapped_bytes_.fetch_sub(bytes, std::memory_order_relaxed);

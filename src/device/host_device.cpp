@@ -369,75 +369,99 @@ Expected<PhysicalHandle> HostDevice::create(std::size_t bytes) {
 }
 
 Status HostDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
+  return map_many(va, bytes, std::span<const PhysicalHandle>(&handle, 1));
+}
+
+Status HostDevice::map_many(void* va, std::size_t bytes, std::span<const PhysicalHandle> handles) {
   State& s = *state_;
   const auto address = reinterpret_cast<std::uintptr_t>(va);
+  const std::size_t total = bytes * handles.size();
   std::lock_guard lock(s.mutex);
-  auto physical = s.physicals.find(handle);
-  if (physical == s.physicals.end()) {
-    const bool released = handle != 0 && handle < s.next_handle;
-    return Error(Errc::invalid_argument,
-                 s.who() + ": map of handle " + std::to_string(handle) + ", which " +
-                     (released ? "was released already" : "this device never created"));
-  }
-  State::Physical& target = physical->second;
-  if (target.bytes != bytes) {
-    return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
-                                             " with " + std::to_string(bytes) +
-                                             " bytes, but it was created with " +
-                                             std::to_string(target.bytes));
-  }
-  if (target.mapped_at != 0) {
-    return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
-                                             ", which is already mapped at " + format_address(target.mapped_at));
+  if (handles.empty()) return {};
+  std::vector<State::Physical*> targets;
+  targets.reserve(handles.size());
+  for (const PhysicalHandle handle : handles) {
+    auto physical = s.physicals.find(handle);
+    if (physical == s.physicals.end()) {
+      const bool released = handle != 0 && handle < s.next_handle;
+      return Error(Errc::invalid_argument,
+                   s.who() + ": map of handle " + std::to_string(handle) + ", which " +
+                       (released ? "was released already" : "this device never created"));
+    }
+    State::Physical& target = physical->second;
+    if (target.bytes != bytes) {
+      return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
+                                               " with " + std::to_string(bytes) +
+                                               " bytes, but it was created with " +
+                                               std::to_string(target.bytes));
+    }
+    if (target.mapped_at != 0 || std::find(targets.begin(), targets.end(), &target) != targets.end()) {
+      return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
+                                               ", which is already mapped at " +
+                                               format_address(target.mapped_at != 0 ? target.mapped_at : address));
+    }
+    targets.push_back(&target);
   }
   if (!is_aligned(address, s.options.granularity)) {
     return Error(Errc::invalid_argument, s.who() + ": map at " + format_address(va) +
                                              ", which is not aligned to the granularity (" +
                                              std::to_string(s.options.granularity) + ")");
   }
-  auto reservation = s.reservation_of(address, bytes);
+  auto reservation = s.reservation_of(address, total);
   if (reservation == s.reservations.end()) {
     return Error(Errc::invalid_argument, s.who() + ": map of [" + format_address(va) + ", +" +
-                                             std::to_string(bytes) +
+                                             std::to_string(total) +
                                              "), which is not inside one reservation");
   }
   auto next = s.maps.lower_bound(address);
   auto overlapping = s.maps.end();
-  if (next != s.maps.end() && next->first < address + bytes) overlapping = next;
+  if (next != s.maps.end() && next->first < address + total) overlapping = next;
   if (next != s.maps.begin() && std::prev(next)->first + std::prev(next)->second.bytes > address) {
     overlapping = std::prev(next);
   }
   if (overlapping != s.maps.end()) {
     return Error(Errc::invalid_argument,
-                 s.who() + ": map of [" + format_address(va) + ", +" + std::to_string(bytes) +
+                 s.who() + ": map of [" + format_address(va) + ", +" + std::to_string(total) +
                      "), which overlaps handle " + std::to_string(overlapping->second.handle) +
                      " mapped at " + format_address(overlapping->first));
   }
 
+  // Every handle's memfd ranges in address order; one mmap per run of them
+  // that is contiguous in the memfd too.
+  std::vector<Extent> extents;
+  for (const State::Physical* target : targets) {
+    extents.insert(extents.end(), target->extents.begin(), target->extents.end());
+  }
   const std::uintptr_t end = reservation->first + reservation->second;
-  const long delta = s.map_delta(reservation->first, end, address, bytes, target.extents);
+  const long delta = s.map_delta(reservation->first, end, address, total, extents);
   if (delta > 0 && s.mappings + static_cast<std::size_t>(delta) > s.options.max_mappings) {
     return s.limit_reached(static_cast<std::size_t>(delta),
                            "map adjacent granules together or raise vm.max_map_count");
   }
   std::uintptr_t at = address;
-  for (const Extent& extent : target.extents) {
-    void* placed = mmap(reinterpret_cast<void*>(at), extent.bytes, PROT_READ | PROT_WRITE,
-                        MAP_SHARED | MAP_FIXED, s.memfd, static_cast<off_t>(extent.offset));
+  for (std::size_t i = 0; i < extents.size();) {
+    std::size_t run = extents[i].bytes;
+    std::size_t j = i + 1;
+    while (j < extents.size() && extents[j].offset == extents[i].offset + run) run += extents[j++].bytes;
+    void* placed = mmap(reinterpret_cast<void*>(at), run, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                        s.memfd, static_cast<off_t>(extents[i].offset));
     if (placed == MAP_FAILED) {
       Error error(Errc::device_error, s.who() + ": " + os_error(("map at " + format_address(at)).c_str()));
       s.restore_reserved(address, at - address);
       return error;
     }
-    at += extent.bytes;
+    at += run;
+    i = j;
   }
   at = address;
-  for (const Extent& extent : target.extents) {
+  for (const Extent& extent : extents) {
     s.pieces.emplace(at, State::Piece{extent.bytes, extent.offset});
     at += extent.bytes;
   }
-  s.maps.emplace(address, State::MapCall{bytes, handle});
-  target.mapped_at = address;
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    s.maps.emplace(address + i * bytes, State::MapCall{bytes, handles[i]});
+    targets[i]->mapped_at = address + i * bytes;
+  }
   s.mappings = static_cast<std::size_t>(static_cast<long>(s.mappings) + delta);
   return {};
 }

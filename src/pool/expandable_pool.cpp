@@ -193,44 +193,80 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     return out_of_memory(requested, bytes, missing);
   }
 
+  // Handles for a run of unmapped granules, mapped together in one call.
+  std::vector<PhysicalHandle> run;
+  GranuleId run_first = first;
+  auto give_back_run = [&] {  // the run's handles are mapped nowhere
+    for (PhysicalHandle handle : run) {
+      (void)device->release(handle, granule);
+      usage.released(granule);
+      ++releases;
+    }
+    run.clear();
+  };
+  auto map_run = [&]() -> Status {
+    if (run.empty()) return {};
+    Status mapped = device->map_many(address_of(run_first), granule, run);
+    if (!mapped) {
+      give_back_run();
+      return mapped;
+    }
+    maps += static_cast<std::int64_t>(run.size());
+    for (std::size_t i = 0; i < run.size(); ++i) granules.set_mapped(run_first + static_cast<GranuleId>(i), run[i]);
+    run.clear();
+    return {};
+  };
+
   bool stitched = false;
   for (GranuleId id = first; id <= last; ++id) {
-    if (granules[id].mapped) continue;
+    if (granules[id].mapped) {
+      if (Status mapped = map_run(); !mapped) {
+        undo();
+        return mapped;
+      }
+      continue;
+    }
+    if (run.empty()) run_first = id;
     // A free granule from elsewhere (footprint stays flat) while more than
     // the slack is free or there is no room to grow; new physical memory
     // otherwise. The slack stops a cascade: each stolen granule leaves a hole
     // in some free range, and the next request landing there would steal again.
-    PhysicalHandle handle = 0;
-    const bool at_limit = mapped_bytes() + granule > bytes_limit;
+    const bool at_limit = mapped_bytes() + (run.size() + 1) * granule > bytes_limit;
     if (granules.free_count() > slack_granules() || (at_limit && granules.free_count() > 0)) {
+      // A stolen granule is mapped here at once, alone: its unmap may split a
+      // kernel mapping, and unmaps piling up before one map would pass the
+      // mapping budget unchecked.
+      if (Status mapped = map_run(); !mapped) {
+        undo();
+        return mapped;
+      }
       Expected<PhysicalHandle> stolen = unmap_oldest_free();
       if (!stolen) {
         undo();
         return std::move(stolen).error();
       }
-      handle = *stolen;
+      run_first = id;
+      run.push_back(*stolen);
       stitched = true;
+      if (Status mapped = map_run(); !mapped) {
+        undo();
+        return mapped;
+      }
     } else {
       Expected<PhysicalHandle> fresh = device->create(granule);
       if (!fresh) {
+        give_back_run();
         undo();
         if (fresh.error().code() != Errc::out_of_memory) return std::move(fresh).error();
         return out_of_memory(requested, bytes, missing);
       }
-      handle = *fresh;
+      run.push_back(*fresh);
       usage.reserved(granule);
     }
-    Status mapped = device->map(address_of(id), granule, handle);
-    if (!mapped) {
-      // The handle is mapped nowhere now: give it back.
-      (void)device->release(handle, granule);
-      usage.released(granule);
-      ++releases;
-      undo();
-      return mapped;
-    }
-    ++maps;
-    granules.set_mapped(id, handle);
+  }
+  if (Status mapped = map_run(); !mapped) {
+    undo();
+    return mapped;
   }
   if (stitched) ++stitches;
   return {};

@@ -34,6 +34,8 @@ std::shared_ptr<HostDevice> make_device(std::size_t capacity = 64 * MiB,
 
 char* as_bytes(void* p) { return static_cast<char*>(p); }
 
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 /// Kernel mappings (lines of /proc/self/maps) that overlap [base, base + bytes).
 std::size_t kernel_mappings_in(void* base, std::size_t bytes) {
   const auto lo = reinterpret_cast<std::uintptr_t>(base);
@@ -113,6 +115,47 @@ TEST(HostDevice, StitchesHandlesSideBySideIntoOneContiguousRange) {
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(device->unmap(stitched + static_cast<std::size_t>(i) * g, g));
   for (PhysicalHandle h : handles) ASSERT_TRUE(device->release(h, g));
   ASSERT_TRUE(device->unreserve(*va, 16 * g));
+}
+
+TEST(HostDevice, MapManyMapsHandlesSideBySideEachItsOwnMapping) {
+  auto device = make_device();
+  const std::size_t g = device->granularity();
+  auto va = device->reserve(16 * g);
+  ASSERT_TRUE(va);
+  std::vector<PhysicalHandle> handles;
+  for (int i = 0; i < 6; ++i) handles.push_back(*device->create(g));  // adjacent in the memfd
+  const std::size_t before = device->mapping_count();
+  ASSERT_TRUE(device->map_many(*va, g, handles));
+  // One mmap for the six: the reservation around them, and one file mapping.
+  EXPECT_EQ(device->mapping_count(), before + 1);
+  EXPECT_EQ(kernel_mappings_in(*va, 16 * g), 2u);
+  for (std::size_t i = 0; i < handles.size(); ++i) std::memset(as_bytes(*va) + i * g, 'p' + static_cast<int>(i), g);
+
+  // Each handle is still its own map() call: the third comes out alone.
+  EXPECT_FALSE(device->unmap(*va, 2 * g));
+  ASSERT_TRUE(device->unmap(as_bytes(*va) + 2 * g, g));
+  ASSERT_TRUE(device->map(as_bytes(*va) + 10 * g, g, handles[2]));
+  EXPECT_EQ(as_bytes(*va)[10 * g], 'r');  // its data went with it
+  EXPECT_EQ(as_bytes(*va)[3 * g], 's');
+
+  // A bad handle anywhere in the list maps none of them.
+  auto spare = device->create(g);
+  ASSERT_TRUE(spare);
+  const std::vector<PhysicalHandle> with_mapped = {*spare, handles[0]};
+  Status refused = device->map_many(as_bytes(*va) + 12 * g, g, with_mapped);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(contains(refused.error().message(), "already mapped")) << refused.error().message();
+  ASSERT_TRUE(device->map(as_bytes(*va) + 12 * g, g, *spare));  // spare was left unmapped
+  const std::vector<PhysicalHandle> twice = {handles[2], handles[2]};
+  EXPECT_FALSE(device->map_many(as_bytes(*va) + 14 * g, g, twice));
+
+  for (std::size_t i : {0u, 1u, 3u, 4u, 5u}) ASSERT_TRUE(device->unmap(as_bytes(*va) + i * g, g));
+  ASSERT_TRUE(device->unmap(as_bytes(*va) + 10 * g, g));
+  ASSERT_TRUE(device->unmap(as_bytes(*va) + 12 * g, g));
+  for (PhysicalHandle h : handles) ASSERT_TRUE(device->release(h, g));
+  ASSERT_TRUE(device->release(*spare, g));
+  ASSERT_TRUE(device->unreserve(*va, 16 * g));
+  EXPECT_EQ(device->mapping_count(), before - 1);  // the reservation is gone too
 }
 
 TEST(HostDevice, EightyGiBDeviceReservesAndCreatesWithoutTouchingMemory) {
