@@ -384,8 +384,8 @@ class Interposer {
     if (total == 0) return Error(Errc::device_error, "cuMemGetInfo_v2 failed for " + id);
     LedgerOptions options;
     options.mode = config->ledger_mode.value;
-    if (const char* name = std::getenv("TIDEPOOL_LEDGER_NAME"); name != nullptr && *name != '\0')
-      options.segment_name = device == 0 ? std::string(name) : std::string(name) + "-" + std::to_string(device);
+    if (const std::string& name = config->ledger_name.value; !name.empty())
+      options.segment_name = device == 0 ? name : name + "-" + std::to_string(device);
     if (config->quota.value) {
       options.quota_bytes = config->quota.value->resolve(total);
       if (options.quota_bytes == 0)

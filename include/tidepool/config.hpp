@@ -114,6 +114,9 @@ struct Config {
   /// Permissions of a ledger segment this process creates: 0600 (this user
   /// only) or 0660 (also the group), from TIDEPOOL_LEDGER_MODE=user|group.
   Setting<unsigned> ledger_mode{0600};
+  /// The ledger's shared-memory segment, "/name" (TIDEPOOL_LEDGER_NAME, which
+  /// `tidepool run --ledger` sets); empty: named after the device's identity.
+  Setting<std::string> ledger_name;
 
   /// Values that were accepted but are probably not what the user meant.
   std::vector<std::string> warnings;

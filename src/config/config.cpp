@@ -25,10 +25,11 @@ constexpr std::array<Mode, 5> kModes = {Mode::preallocate, Mode::growth, Mode::p
 
 // The variables this file reads. A TIDEPOOL_* variable not listed here is
 // reported as probably misspelt: add new variables to this list.
-constexpr std::array<std::string_view, 9> kTidepoolVariables = {
+constexpr std::array<std::string_view, 10> kTidepoolVariables = {
     "TIDEPOOL_ALLOCATOR",     "TIDEPOOL_MEM_FRACTION",      "TIDEPOOL_PREALLOCATE",
     "TIDEPOOL_DEVICE",        "TIDEPOOL_HOST_CAPACITY",     "TIDEPOOL_RELEASE_THRESHOLD",
-    "TIDEPOOL_QUOTA",         "TIDEPOOL_LEDGER",            "TIDEPOOL_LEDGER_MODE"};
+    "TIDEPOOL_QUOTA",         "TIDEPOOL_LEDGER",            "TIDEPOOL_LEDGER_MODE",
+    "TIDEPOOL_LEDGER_NAME"};
 
 std::string known_names() {
   std::string out;
@@ -382,6 +383,14 @@ Status read_sharing(const Environment& env, Config& config) {
                        "': a quota is a share in the ledger; allowed: unset one of them, or "
                        "TIDEPOOL_LEDGER=on");
     }
+  }
+  if (auto text = env.get("TIDEPOOL_LEDGER_NAME")) {
+    // A POSIX shared-memory name: '/', then a name with no other '/'.
+    const std::string name = text->empty() || text->front() == '/' ? *text : "/" + *text;
+    if (name.size() < 2 || name.size() > 200 || name.find('/', 1) != std::string::npos)
+      return invalid("TIDEPOOL_LEDGER_NAME", *text, name.size() < 2 ? "empty" : "not a segment name",
+                     "a shared-memory segment name, '/name' (at most 200 characters, no other '/')");
+    config.ledger_name = {name, "TIDEPOOL_LEDGER_NAME", *text};
   }
   if (auto text = env.get("TIDEPOOL_LEDGER_MODE")) {
     const std::string word = lower(trim(*text));

@@ -67,6 +67,7 @@ Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
   if (!device) return Error(Errc::invalid_argument, "make_ledger_device: no device");
   LedgerOptions options;
   options.mode = config.ledger_mode.value;
+  options.segment_name = config.ledger_name.value;
   if (config.quota.value) {
     const std::size_t total = device->mem_info().total_bytes;
     options.quota_bytes = config.quota.value->resolve(total);

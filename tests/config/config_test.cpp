@@ -547,5 +547,16 @@ TEST(Stack, NoDeviceIsAnError) {
   EXPECT_EQ(pool.error().code(), Errc::invalid_argument);
 }
 
+TEST(ConfigSharing, LedgerNameIsASegmentName) {
+  EXPECT_TRUE(load_ok({}).ledger_name.value.empty());
+  const Config named = load_ok({{"TIDEPOOL_LEDGER_NAME", "team-gpu0"}});
+  EXPECT_EQ(named.ledger_name.value, "/team-gpu0");
+  EXPECT_EQ(named.ledger_name.source, "TIDEPOOL_LEDGER_NAME");
+  EXPECT_TRUE(named.warnings.empty());  // a known variable
+  EXPECT_EQ(load_ok({{"TIDEPOOL_LEDGER_NAME", "/x"}}).ledger_name.value, "/x");
+  expect_invalid({{"TIDEPOOL_LEDGER_NAME", "a/b"}}, "TIDEPOOL_LEDGER_NAME", "a/b", "no other '/'");
+  expect_invalid({{"TIDEPOOL_LEDGER_NAME", "/"}}, "TIDEPOOL_LEDGER_NAME", "/", "segment name");
+}
+
 }  // namespace
 }  // namespace tidepool
