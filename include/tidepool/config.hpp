@@ -8,7 +8,7 @@
 //                                   deprecated old name; setting both is an error)
 //   XLA_PYTHON_CLIENT_ALLOCATOR     default|bfc|platform|cuda_async|vmm|address (any case)
 // tidepool's own TIDEPOOL_* variables are strict, and win where both are set.
-// docs/configuration.md has the full table.
+// README.md has the full table.
 #pragma once
 
 #include <cstddef>
