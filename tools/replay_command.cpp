@@ -116,6 +116,8 @@ void add_replay_options(CLI::App& app, ReplayCommandOptions& options) {
   app.add_option("--perfetto", options.perfetto_path,
                  "Write Chrome/Perfetto trace events (live and reserved counters) to FILE");
   app.add_flag("-q,--quiet", options.quiet, "Print no table and no progress, only errors");
+  app.add_flag("--stats", options.stats,
+               "Also print each pool's stats after the last event, side by side (memory_stats() names)");
 }
 
 int run_replay_command(const ReplayCommandOptions& options) {
@@ -151,6 +153,7 @@ int run_replay_command(const ReplayCommandOptions& options) {
     if (!options.quiet) {
       if (!replays.empty()) fmt::print("\n");
       fmt::print("{}", report::replay_table(*replayed));
+      if (options.stats) fmt::print("\n{}", report::stats_table(*replayed));
       std::fflush(stdout);
     }
     replays.push_back(std::move(*replayed));

@@ -20,6 +20,7 @@ struct ReplayCommandOptions {
   std::string html_path;
   std::string perfetto_path;
   bool quiet = false;
+  bool stats = false;                  // also print each pool's stats, side by side
 };
 
 /// Declares the options both subcommands share on `app`.

@@ -21,6 +21,9 @@ std::string mode_label(const trace::ModeReplay& mode);
 /// recorded row where there is one. Sizes in binary units, ratios as "1.23x",
 /// host time in ns/op. Ends with a newline.
 std::string replay_table(const trace::TraceReplay& replay);
+/// Each mode's pool stats after the last event, side by side: one row per
+/// Stats::items() counter (JAX's memory_stats() names first), one column per mode.
+std::string stats_table(const trace::TraceReplay& replay);
 
 /// Every figure of every replay as one JSON document (docs/replay.md names
 /// each field). Field order is stable.

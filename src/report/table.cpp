@@ -107,4 +107,28 @@ std::string replay_table(const trace::TraceReplay& replay) {
   return out;
 }
 
+std::string stats_table(const trace::TraceReplay& replay) {
+  if (replay.modes.empty()) return {};
+  // One row per counter (JAX's memory_stats() names first), one column per mode.
+  std::vector<std::vector<std::string>> rows = {{"stat"}};
+  for (const trace::ModeReplay& mode : replay.modes) rows.front().push_back(mode_label(mode));
+  const auto names = replay.modes.front().stats.items();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::vector<std::string> row = {std::string(names[i].first)};
+    for (const trace::ModeReplay& mode : replay.modes) row.push_back(std::to_string(mode.stats.items()[i].second));
+    rows.push_back(std::move(row));
+  }
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
+  }
+  std::string out = replay.trace_name + ": each pool's stats after the last event (memory_stats() names)\n";
+  for (const auto& row : rows) {
+    out += fmt::format("{:<{}}", row[0], widths[0]);
+    for (std::size_t column = 1; column < row.size(); ++column) out += fmt::format("  {:>{}}", row[column], widths[column]);
+    out += "\n";
+  }
+  return out;
+}
+
 }  // namespace tidepool::report

@@ -120,6 +120,17 @@ TEST(ReplayCommand, CompareReplaysTheBuiltInWorkloads) {
   }
 }
 
+TEST(ReplayCommand, StatsSideBySideUnderJaxNames) {
+  CliResult result = run_cli({"replay", "--stats", "--modes", "growth,expandable", kBcrafton});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_TRUE(contains(result.out, "each pool's stats after the last event")) << result.out;
+  EXPECT_TRUE(contains(result.out, "stat                           growth   expandable")) << result.out;
+  for (const char* name : {"\nbytes_in_use ", "\npeak_bytes_in_use ", "\nlargest_free_block_bytes ",
+                           "\nnum_stitches ", "\nnum_releases "}) {
+    EXPECT_TRUE(contains(result.out, name)) << name << "\n" << result.out;
+  }
+}
+
 TEST(ReplayCommand, BadInputIsAClearErrorAndExitStatusOne) {
   CliResult missing = run_cli({"replay", "/nonexistent/trace.pickle"});
   EXPECT_EQ(missing.exit_status, 1);
