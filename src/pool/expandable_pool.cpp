@@ -11,6 +11,7 @@
 #include "tidepool/expandable_pool.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <mutex>
 #include <vector>
 
@@ -48,6 +49,7 @@ struct ExpandablePool::State {
       : device(std::move(device_in)),
         options(options_in),
         granule(device->granularity()),
+        granule_shift(static_cast<unsigned>(std::countr_zero(granule))),
         bytes_limit(limit),
         small(*device, arena_options()),
         large(*device, arena_options()) {}
@@ -63,6 +65,7 @@ struct ExpandablePool::State {
   std::shared_ptr<Device> device;
   const ExpandableOptions options;
   const std::size_t granule;
+  const unsigned granule_shift;  // granule is a power of two: a shift, not a division, on the hot path
   const std::size_t bytes_limit;  // a multiple of granule
   mutable std::mutex mutex;
   pool::BestFitArena small;
@@ -87,7 +90,7 @@ struct ExpandablePool::State {
     return nullptr;
   }
   GranuleId granule_of(const Space& space, std::uintptr_t address) const noexcept {
-    return space.first + static_cast<GranuleId>((address - space.base) / granule);
+    return space.first + static_cast<GranuleId>((address - space.base) >> granule_shift);
   }
   void* address_of(GranuleId id) const noexcept {
     for (const Space& space : spaces) {
