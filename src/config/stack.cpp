@@ -9,6 +9,7 @@
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/passthrough_pool.hpp"
+#include "tidepool/units.hpp"
 #ifdef TIDEPOOL_HAVE_CUDA
 #include "tidepool/async_pool.hpp"
 #include "tidepool/cuda_device.hpp"
@@ -99,6 +100,13 @@ Expected<std::unique_ptr<Allocator>> make_pool(Mode mode, const Config& config,
   // JAX: the fraction is of the device's total memory (not of what is free),
   // and bounds the BFC allocator whether or not it preallocates.
   const std::size_t bytes_limit = config.bytes_limit(device->mem_info().total_bytes);
+  // A limit of 0 means "the whole device" to the pools: a fraction so small
+  // that it rounds to nothing must not become that.
+  if (bytes_limit == 0 && mode != Mode::platform) {
+    return Error(Errc::invalid_argument,
+                 config.mem_fraction.source + "='" + config.mem_fraction.text + "' leaves 0 bytes of the " +
+                     format_bytes(device->mem_info().total_bytes) + " device; allowed: a larger fraction");
+  }
   switch (mode) {
     case Mode::preallocate:
     case Mode::growth: {

@@ -54,7 +54,8 @@ Expected<void*> PassthroughPool::allocate(std::size_t bytes, Stream stream) {
   if (rounded > s.bytes_limit || in_use + rounded > s.bytes_limit) {
     return out_of_memory("the allocator's limit is " + format_bytes(s.bytes_limit) + " (bytes_limit) with " +
                          format_bytes(in_use) +
-                         " in use; raise TIDEPOOL_MEM_FRACTION (XLA_CLIENT_MEM_FRACTION)");
+                         " in use; free memory, or make it with a larger limit (the memory fraction "
+                         "does not apply to platform)");
   }
   Expected<void*> ptr = device_->allocate(bytes);
   if (!ptr) {

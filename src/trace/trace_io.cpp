@@ -2,6 +2,7 @@
 // checks a trace's invariants and sums it up.
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -47,6 +48,9 @@ Expected<Trace> parse_trace(std::string_view data, std::string name, const ReadO
 }
 
 Expected<Trace> read_trace(const std::string& path, const ReadOptions& options) {
+  std::error_code kind_error;
+  if (std::filesystem::is_directory(path, kind_error))
+    return Error(Errc::io_error, "cannot read trace " + path + ": it is a directory, not a trace file");
   std::ifstream file(path, std::ios::binary);
   if (!file) return Error(Errc::io_error, "cannot open trace " + path + ": " + std::strerror(errno));
   std::ostringstream contents;

@@ -54,5 +54,18 @@ TEST(ExpandableStack, TheEnvironmentChoosesAndShapesIt) {
   EXPECT_EQ(limited->stats().bytes_reserved, static_cast<std::int64_t>(8 * MiB));
 }
 
+TEST(Stack, AFractionThatLeavesNothingIsAnErrorNotTheWholeDevice) {
+  // Found by the reliability work: 1e-300 x 1 GiB rounds to 0, which the
+  // pools read as "no limit".
+  const Config config = load({{"TIDEPOOL_MEM_FRACTION", "1e-300"}, {"TIDEPOOL_ALLOCATOR", "growth"}});
+  auto device = make_device(config);
+  ASSERT_TRUE(device);
+  auto pool = make_allocator(config.mode.value, config, *device);
+  ASSERT_FALSE(pool);
+  EXPECT_EQ(pool.error().code(), Errc::invalid_argument);
+  EXPECT_NE(pool.error().message().find("TIDEPOOL_MEM_FRACTION='1e-300' leaves 0 bytes"), std::string::npos)
+      << pool.error().message();
+}
+
 }  // namespace
 }  // namespace tidepool
