@@ -225,19 +225,6 @@ class DriverDevice final : public Device {
   MemGetInfoFn get_info_;
 };
 
-/// nvidia-smi's form, as CudaDevice::id() writes it, so that tidepool's own
-/// processes and interposed ones share one ledger per GPU.
-std::string uuid_text(const CUuuid& uuid) {
-  std::string out = "GPU-";
-  char digits[3];
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    std::snprintf(digits, sizeof digits, "%02x", static_cast<unsigned char>(uuid.bytes[i]));
-    out += digits;
-  }
-  return out;
-}
-
 // --- accounting ---------------------------------------------------------------
 
 struct Allocation {
@@ -377,7 +364,7 @@ class Interposer {
     std::string id = "cuda-device-" + std::to_string(device);
     if (auto get_uuid = driver_helper<DeviceGetUuidFn>("cuDeviceGetUuid_v2")) {
       CUuuid uuid{};
-      if (get_uuid(&uuid, device) == CUDA_SUCCESS) id = uuid_text(uuid);
+      if (get_uuid(&uuid, device) == CUDA_SUCCESS) id = format_gpu_uuid(uuid.bytes);
     }
     auto driver = std::make_shared<DriverDevice>(device, id, driver_helper<MemGetInfoFn>("cuMemGetInfo_v2"));
     const std::size_t total = driver->mem_info().total_bytes;

@@ -37,5 +37,9 @@ std::string format_bytes(std::size_t bytes);
 /// (lower-case hex digits, no padding; null is "0x0").
 std::string format_address(std::uintptr_t address);
 std::string format_address(const void* address);
+/// A GPU's 16-byte UUID as nvidia-smi writes it: "GPU-" then 8-4-4-4-12
+/// lower-case hex digits. One form for CudaDevice::id() and the interposer,
+/// so that both name the same ledger for a GPU.
+std::string format_gpu_uuid(const char (&bytes)[16]);
 
 }  // namespace tidepool

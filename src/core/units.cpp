@@ -97,4 +97,15 @@ std::string format_address(const void* address) {
   return format_address(reinterpret_cast<std::uintptr_t>(address));
 }
 
+std::string format_gpu_uuid(const char (&bytes)[16]) {
+  std::string out = "GPU-";
+  char digits[3];
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    std::snprintf(digits, sizeof digits, "%02x", static_cast<unsigned char>(bytes[i]));
+    out += digits;
+  }
+  return out;
+}
+
 }  // namespace tidepool

@@ -58,3 +58,8 @@ TEST(Expected, CarriesValueOrError) {
 
 }  // namespace
 }  // namespace tidepool
+
+TEST(Units, GpuUuidIsWrittenAsNvidiaSmiDoes) {
+  const char bytes[16] = {'\x8f', '\x1a', 0, '\x7e', 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, '\xff'};
+  EXPECT_EQ(tidepool::format_gpu_uuid(bytes), "GPU-8f1a007e-0102-0304-0506-0708090a0bff");
+}

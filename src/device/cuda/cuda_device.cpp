@@ -23,18 +23,6 @@ std::string version_text(int version) {
   return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
 }
 
-/// nvidia-smi's form: GPU-8-4-4-4-12 lower-case hex digits.
-std::string format_uuid(const CUuuid& uuid) {
-  std::string out = "GPU-";
-  char digits[3];
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    std::snprintf(digits, sizeof digits, "%02x", static_cast<unsigned char>(uuid.bytes[i]));
-    out += digits;
-  }
-  return out;
-}
-
 // Used for the pools' region sizes when the device has no virtual memory
 // (every current GPU's minimum granularity).
 constexpr std::size_t kFallbackGranularity = 2 * MiB;
@@ -233,7 +221,7 @@ Expected<std::shared_ptr<CudaDevice>> CudaDevice::create(int ordinal) {
   if (CUresult result = s.driver->device_get_uuid(&uuid, s.cu_device); result != CUDA_SUCCESS) {
     return driver_error(s.who() + ": cuDeviceGetUuid", result);
   }
-  s.uuid = format_uuid(uuid);
+  s.uuid = format_gpu_uuid(uuid.bytes);
 
   int virtual_memory = 0;
   if (CUresult result = s.driver->device_get_attribute(
