@@ -74,7 +74,7 @@ struct ExpandablePool::State {
   pool::GranuleTable granules;
   std::vector<Stream> freeing_streams;  // every stream a block was freed on
   pool::UsageCounters usage;
-  std::int64_t maps = 0, unmaps = 0, stitches = 0, releases = 0;
+  std::int64_t maps = 0, unmaps = 0, stitches = 0;  // releases: usage.num_device_frees
 
   std::size_t mapped_bytes() const noexcept { return granules.mapped() * granule; }
   std::size_t free_granule_bytes() const noexcept { return granules.free_count() * granule; }
@@ -112,6 +112,13 @@ struct ExpandablePool::State {
   /// Unmaps the free granule that has waited longest (free_count() > 0); its
   /// handle is the caller's to map again or release.
   Expected<PhysicalHandle> unmap_oldest_free();
+  /// Gives an unmapped granule's handle back to the device. A failed release
+  /// leaves the memory with the device's accounting; the pool no longer holds
+  /// it either way.
+  void release_handle(PhysicalHandle handle) {
+    (void)device->release(handle, granule);
+    usage.released(granule);
+  }
   /// Unmaps and releases free granules, oldest first, until at most `keep`
   /// bytes of them remain. Returns the bytes released.
   std::size_t release_free(std::size_t keep);
@@ -159,11 +166,7 @@ std::size_t ExpandablePool::State::release_free(std::size_t keep) {
   while (free_granule_bytes() > keep) {
     Expected<PhysicalHandle> handle = unmap_oldest_free();
     if (!handle) break;  // the device refused: keep the rest cached
-    // A failed release leaves the memory with the device's accounting; the
-    // pool no longer holds it either way.
-    (void)device->release(*handle, granule);
-    usage.released(granule);
-    ++releases;
+    release_handle(*handle);
     released += granule;
   }
   return released;
@@ -199,34 +202,28 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   // Handles for a run of unmapped granules, mapped together in one call.
   std::vector<PhysicalHandle> run;
   GranuleId run_first = first;
-  auto give_back_run = [&] {  // the run's handles are mapped nowhere
-    for (PhysicalHandle handle : run) {
-      (void)device->release(handle, granule);
-      usage.released(granule);
-      ++releases;
-    }
-    run.clear();
-  };
   auto map_run = [&]() -> Status {
     if (run.empty()) return {};
     Status mapped = device->map_many(address_of(run_first), granule, run);
-    if (!mapped) {
-      give_back_run();
-      return mapped;
-    }
+    if (!mapped) return mapped;
     maps += static_cast<std::int64_t>(run.size());
     for (std::size_t i = 0; i < run.size(); ++i) granules.set_mapped(run_first + static_cast<GranuleId>(i), run[i]);
     run.clear();
     return {};
   };
+  // Every failure: the run's handles are mapped nowhere, so they go back;
+  // granules mapped for this block stay mapped, free.
+  auto abandon = [&](Error error) -> Error {
+    for (PhysicalHandle handle : run) release_handle(handle);
+    run.clear();
+    undo();
+    return error;
+  };
 
   bool stitched = false;
   for (GranuleId id = first; id <= last; ++id) {
     if (granules[id].mapped) {
-      if (Status mapped = map_run(); !mapped) {
-        undo();
-        return mapped;
-      }
+      if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
       continue;
     }
     if (run.empty()) run_first = id;
@@ -239,38 +236,25 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       // A stolen granule is mapped here at once, alone: its unmap may split a
       // kernel mapping, and unmaps piling up before one map would pass the
       // mapping budget unchecked.
-      if (Status mapped = map_run(); !mapped) {
-        undo();
-        return mapped;
-      }
+      if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
       Expected<PhysicalHandle> stolen = unmap_oldest_free();
-      if (!stolen) {
-        undo();
-        return std::move(stolen).error();
-      }
+      if (!stolen) return abandon(std::move(stolen).error());
       run_first = id;
       run.push_back(*stolen);
       stitched = true;
-      if (Status mapped = map_run(); !mapped) {
-        undo();
-        return mapped;
-      }
+      if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
     } else {
       Expected<PhysicalHandle> fresh = device->create(granule);
       if (!fresh) {
-        give_back_run();
-        undo();
-        if (fresh.error().code() != Errc::out_of_memory) return std::move(fresh).error();
-        return out_of_memory(requested, bytes, missing);
+        if (fresh.error().code() != Errc::out_of_memory) return abandon(std::move(fresh).error());
+        (void)abandon(std::move(fresh).error());
+        return out_of_memory(requested, bytes, missing);  // reports the device once the run is back
       }
       run.push_back(*fresh);
       usage.reserved(granule);
     }
   }
-  if (Status mapped = map_run(); !mapped) {
-    undo();
-    return mapped;
-  }
+  if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
   if (stitched) ++stitches;
   return {};
 }
@@ -419,7 +403,7 @@ Stats ExpandablePool::stats() const {
   stats.num_maps = s.maps;
   stats.num_unmaps = s.unmaps;
   stats.num_stitches = s.stitches;
-  stats.num_releases = s.releases;
+  stats.num_releases = s.usage.num_device_frees;
   return stats;
 }
 
@@ -436,7 +420,8 @@ std::string ExpandablePool::dump() const {
                     format_bytes(s.mapped_bytes()) + " (" + std::to_string(s.granules.mapped()) + " granules of " +
                     format_bytes(s.granule) + ", " + std::to_string(s.granules.free_count()) +
                     " free), maps " + std::to_string(s.maps) + ", unmaps " + std::to_string(s.unmaps) +
-                    ", stitches " + std::to_string(s.stitches) + ", releases " + std::to_string(s.releases) + "\n";
+                    ", stitches " + std::to_string(s.stitches) + ", releases " +
+                    std::to_string(s.usage.num_device_frees) + "\n";
   for (const State::Space& space : s.spaces) {
     out += "  address space [" + format_address(space.base) + ", " + format_address(space.base + space.bytes) +
            ") for " +
