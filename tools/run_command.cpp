@@ -67,19 +67,19 @@ int run(const RunOptions& options) {
   if (!options.quota.empty()) {
     if (Status set = set_variable("TIDEPOOL_QUOTA", options.quota); !set) return report_error(set.error());
   }
-  // The interposer reads the configuration (the quota, the ledger's mode)
-  // with the one parser: check it here, before the program starts.
+  if (!options.ledger.empty()) {
+    if (Status set = set_variable("TIDEPOOL_LEDGER_NAME", options.ledger); !set) return report_error(set.error());
+  }
+  // The interposer reads the configuration (the quota, the ledger's name and
+  // mode) with the one parser: check it here, before the program starts, and
+  // say which option a refusal is about.
   if (auto config = Config::from_env(); !config) {
     const std::string& message = config.error().message();
-    const bool about_quota = !options.quota.empty() && message.find("TIDEPOOL_QUOTA") != std::string::npos;
-    return report_error(Error(config.error().code(), (about_quota ? "--quota: " : "") + message));
-  }
-  if (!options.ledger.empty()) {
-    const std::string name = options.ledger.front() == '/' ? options.ledger : "/" + options.ledger;
-    if (name.size() < 2 || name.find('/', 1) != std::string::npos)
-      return report_error(Error(Errc::invalid_argument, "--ledger '" + options.ledger +
-                                                            "': a segment name is '/name' with no other '/'"));
-    if (Status set = set_variable("TIDEPOOL_LEDGER_NAME", name); !set) return report_error(set.error());
+    std::string option;
+    if (!options.quota.empty() && message.find("TIDEPOOL_QUOTA") != std::string::npos) option = "--quota: ";
+    if (!options.ledger.empty() && message.find("TIDEPOOL_LEDGER_NAME") != std::string::npos)
+      option = "--ledger '" + options.ledger + "': ";
+    return report_error(Error(config.error().code(), option + message));
   }
   auto preload = find_preload(options.preload);
   if (!preload) return report_error(preload.error());

@@ -395,12 +395,20 @@ Status HostDevice::map_many(void* va, std::size_t bytes, std::span<const Physica
                                                " bytes, but it was created with " +
                                                std::to_string(target.bytes));
     }
-    if (target.mapped_at != 0 || std::find(targets.begin(), targets.end(), &target) != targets.end()) {
+    if (target.mapped_at != 0) {
       return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
-                                               ", which is already mapped at " +
-                                               format_address(target.mapped_at != 0 ? target.mapped_at : address));
+                                               ", which is already mapped at " + format_address(target.mapped_at));
     }
     targets.push_back(&target);
+  }
+  if (handles.size() > 1) {  // the same handle twice in one call (sorted: a run of 512 stays cheap)
+    std::vector<PhysicalHandle> sorted(handles.begin(), handles.end());
+    std::sort(sorted.begin(), sorted.end());
+    if (auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end()) {
+      return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(*twice) +
+                                               ", which is already mapped at " + format_address(address) +
+                                               " by this same call");
+    }
   }
   if (!is_aligned(address, s.options.granularity)) {
     return Error(Errc::invalid_argument, s.who() + ": map at " + format_address(va) +
