@@ -7,6 +7,12 @@
 //   window/<allocator>           the same sizes, but each iteration frees the
 //                                block allocated 64 iterations earlier, so
 //                                blocks of many sizes are live together
+//   large/<allocator>            an alloc+free pair per iteration, sizes uniform
+//                                in [1 MiB, 64 MiB], freed at once: each size
+//                                differs from the last, so ExpandablePool does
+//                                its granule bookkeeping on every pair (fixed/
+//                                of a large size measures a block asked for
+//                                again at the size it was freed)
 //
 // Every benchmark runs with one and two threads sharing one allocator. The
 // pools are warmed up first, so what is measured is the cached path: sizes
@@ -106,6 +112,19 @@ const std::vector<std::size_t>& mixed_sizes() {
 }
 constexpr std::size_t kSizeMask = 4095;
 
+// Sizes uniform in [1 MiB, 64 MiB], the same sequence for every allocator.
+const std::vector<std::size_t>& large_sizes() {
+  static const std::vector<std::size_t> sizes = [] {
+    std::mt19937_64 random(5678);
+    std::uniform_int_distribution<std::size_t> size_of(1 * MiB, 64 * MiB);
+    std::vector<std::size_t> result(256);
+    for (std::size_t& size : result) size = size_of(random);
+    return result;
+  }();
+  return sizes;
+}
+constexpr std::size_t kLargeMask = 255;
+
 // Serves every mixed size once with a window's worth live, so later
 // iterations run on the cached path.
 void warm_up(Kind kind, Allocator* pool) {
@@ -116,6 +135,7 @@ void warm_up(Kind kind, Allocator* pool) {
     for (void* ptr : live) deallocate(kind, pool, ptr);
     live.clear();
   }
+  for (std::size_t size : large_sizes()) deallocate(kind, pool, allocate(kind, pool, size));
 }
 
 void fixed_pairs(benchmark::State& state, Kind kind, std::size_t bytes) {
@@ -136,6 +156,19 @@ void mixed_pairs(benchmark::State& state, Kind kind) {
   std::size_t next = static_cast<std::size_t>(state.thread_index()) * 997;
   for (auto _ : state) {
     void* ptr = allocate(kind, pool, sizes[next++ & kSizeMask]);
+    benchmark::DoNotOptimize(ptr);
+    deallocate(kind, pool, ptr);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void large_pairs(benchmark::State& state, Kind kind) {
+  Allocator* pool = kind == Kind::glibc ? nullptr : pool_of(kind);
+  if (state.thread_index() == 0) warm_up(kind, pool);
+  const std::vector<std::size_t>& sizes = large_sizes();
+  std::size_t next = static_cast<std::size_t>(state.thread_index()) * 97;
+  for (auto _ : state) {
+    void* ptr = allocate(kind, pool, sizes[next++ & kLargeMask]);
     benchmark::DoNotOptimize(ptr);
     deallocate(kind, pool, ptr);
   }
@@ -177,6 +210,11 @@ void register_all() {
     }
     benchmark::RegisterBenchmark(("mixed/" + name).c_str(),
                                  [kind](benchmark::State& state) { mixed_pairs(state, kind); })
+        ->Threads(1)
+        ->Threads(2)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark(("large/" + name).c_str(),
+                                 [kind](benchmark::State& state) { large_pairs(state, kind); })
         ->Threads(1)
         ->Threads(2)
         ->UseRealTime();

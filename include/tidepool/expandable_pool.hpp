@@ -8,6 +8,7 @@
 // data moves). A request fails only when free physical memory is really short.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -33,6 +34,11 @@ struct ExpandableOptions {
   /// kKeepAll keeps them cached until trim(); 0 hands each back as soon as it
   /// empties.
   std::size_t release_threshold = kKeepAll;
+  /// Once the pool has had no allocate or free for this long, it releases
+  /// every free granule, as trim() does (TIDEPOOL_IDLE_RELEASE): an idle
+  /// process hands its cache back. A thread of the pool's own waits for
+  /// that; it sleeps while nothing is cached. Zero: never.
+  std::chrono::milliseconds idle_release{0};
 };
 
 class ExpandablePool final : public Allocator {

@@ -184,6 +184,11 @@ bool BestFitArena::owns(const void* ptr) const noexcept {
   return live_.find(reinterpret_cast<std::uintptr_t>(ptr)) != AddressMap::kMissing;
 }
 
+std::size_t BestFitArena::live_size(const void* ptr) const noexcept {
+  const ChunkId id = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  return id == AddressMap::kMissing ? 0 : chunks_[id].size;
+}
+
 const BestFitArena::Region* BestFitArena::region_containing(std::uintptr_t address) const noexcept {
   auto after = std::upper_bound(regions_.begin(), regions_.end(), address,
                                 [](std::uintptr_t a, const Region& r) { return a < r.base; });

@@ -61,6 +61,8 @@ class BestFitArena {
 
   /// Whether ptr is a block handed out and not freed yet.
   bool owns(const void* ptr) const noexcept;
+  /// The size of the live block at ptr; 0 when ptr is no live block's start.
+  std::size_t live_size(const void* ptr) const noexcept;
 
   /// The largest block allocate() could hand out now.
   std::size_t largest_free_block() const noexcept { return bins_.largest(chunks_); }

@@ -8,11 +8,19 @@
 // pool (unmapped there, mapped here: a stitch), or, when no granule is free,
 // a new one from the device. Free granules stay mapped where they are, so a
 // block freed and asked for again is reused in place with no device call.
+//
+// The granule bookkeeping costs a counter per granule, which for a large
+// block is most of an alloc+free pair (a 64 MiB block spans 33 granules). So
+// the last few large blocks freed are held back, still whole: one asked for
+// again at the same size on the same stream is handed out as it is, and any
+// other request (or stats, trim, a release) first completes their frees.
 #include "tidepool/expandable_pool.hpp"
 
 #include <algorithm>
 #include <bit>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "pool/best_fit_arena.hpp"
@@ -33,6 +41,9 @@ constexpr std::size_t kLargeSpaceShares = 3;
 // Free granules up to 1/64 of the mapped ones are kept rather than stolen
 // (see back()): peak reserved stays within ~1.6% of what the blocks span.
 constexpr std::size_t kSlackShare = 64;
+// Large blocks whose free is held back (see above). Enough for the large
+// blocks of a layer or two freed and asked for again in the same order.
+constexpr std::size_t kHeldBlocks = 16;
 
 pool::ArenaOptions arena_options() {
   // Always split: a chunk's unused tail would otherwise hold physical memory
@@ -52,7 +63,10 @@ struct ExpandablePool::State {
         granule_shift(static_cast<unsigned>(std::countr_zero(granule))),
         bytes_limit(limit),
         small(*device, arena_options()),
-        large(*device, arena_options()) {}
+        large(*device, arena_options()),
+        holds_back(options.release_threshold == ExpandableOptions::kKeepAll) {
+    held.reserve(kHeldBlocks);
+  }
 
   /// A reservation of address space, all of it for one arena.
   struct Space {
@@ -73,7 +87,46 @@ struct ExpandablePool::State {
   std::vector<Space> spaces;
   pool::GranuleTable granules;
   std::vector<Stream> freeing_streams;  // every stream a block was freed on
+  /// A block was freed on `stream`: remembered for settling, and the reaper
+  /// woken if it waits for something to release.
+  void note_free(Stream stream) {
+    if (std::find(freeing_streams.begin(), freeing_streams.end(), stream) == freeing_streams.end()) {
+      freeing_streams.push_back(stream);
+    }
+    if (reaper_parked) {
+      reaper_parked = false;
+      reaper_wake.notify_one();
+    }
+  }
+  /// Large blocks freed but held back, oldest first: still allocated in the
+  /// arena, their granules still used. Only while nothing is released after
+  /// each free (release_threshold kKeepAll), so holding back delays nothing.
+  struct Held {
+    void* ptr;
+    std::size_t bytes;
+    Stream stream;
+  };
+  std::vector<Held> held;
+  const bool holds_back;
   pool::UsageCounters usage;
+  // Idle release (options.idle_release): allocate and deallocate count their
+  // calls; the reaper thread releases once the count stands still for the
+  // idle time, and parks, waiting for a free, while nothing is cached.
+  std::uint64_t calls = 0;
+  bool reaper_parked = false;
+  bool stopping = false;
+  std::condition_variable reaper_wake;
+  std::thread reaper;
+  void reap();
+  void stop_reaper() {
+    if (!reaper.joinable()) return;
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    reaper_wake.notify_one();
+    reaper.join();
+  }
   std::int64_t maps = 0, unmaps = 0, stitches = 0;  // releases: usage.num_device_frees
 
   std::size_t mapped_bytes() const noexcept { return granules.mapped() * granule; }
@@ -107,6 +160,16 @@ struct ExpandablePool::State {
   Status back(const Space& space, std::uintptr_t base, std::size_t bytes, std::size_t requested);
   /// One use less on every granule under the block, freed on `stream`.
   void unback(const Space& space, std::uintptr_t base, std::size_t bytes, Stream stream) noexcept;
+  /// Frees a large block in full: in the arena, then its granules.
+  void free_large(const Held& block) noexcept;
+  /// Completes the frees held back, so that every free granule is counted free.
+  void complete_held() noexcept {
+    for (const Held& block : held) free_large(block);
+    held.clear();
+  }
+  bool is_held(const void* ptr) const noexcept {
+    return std::any_of(held.begin(), held.end(), [ptr](const Held& block) { return block.ptr == ptr; });
+  }
   /// Waits for the work that may still touch free granule `id`.
   Status settle(GranuleId id);
   /// Unmaps the free granule that has waited longest (free_count() > 0); its
@@ -139,7 +202,7 @@ Status ExpandablePool::State::add_space(std::size_t bytes, bool for_small) {
 }
 
 Status ExpandablePool::State::settle(GranuleId id) {
-  const Stream tag = granules[id].freed_on;
+  const Stream tag = granules.freed_on(id);
   if (tag == kNoStream) return {};
   if (tag == pool::kManyStreams) {
     for (Stream stream : freeing_streams) {
@@ -148,7 +211,7 @@ Status ExpandablePool::State::settle(GranuleId id) {
   } else if (Status synced = device->synchronize(tag); !synced) {
     return synced;
   }
-  granules[id].freed_on = kNoStream;
+  granules.settled(id);
   return {};
 }
 
@@ -178,21 +241,13 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   const GranuleId last = granule_of(space, base + bytes - 1);
   // Granules already mapped (free or shared with a neighbour) are reused in
   // place; count the rest before changing anything.
-  std::size_t missing = 0;
-  for (GranuleId id = first; id <= last; ++id) {
-    if (granules[id].mapped) {
-      granules.use(id);
-    } else {
-      ++missing;
-    }
-  }
+  const std::size_t missing = granules.use_range(first, last);
   if (missing == 0) return {};
-  // Undoes the uses taken so far: granules mapped for this block stay mapped, free.
-  auto undo = [&] {
-    for (GranuleId id = first; id <= last; ++id) {
-      if (granules[id].mapped) granules.unuse(id, kNoStream);
-    }
-  };
+  // Stealing and growing are decided on every free granule: those of held
+  // blocks too.
+  complete_held();
+  // Undoes the uses taken: granules mapped for this block stay mapped, free.
+  auto undo = [&] { granules.unuse_range(first, last, kNoStream); };
   const std::size_t room = (bytes_limit - mapped_bytes()) / granule;
   if (missing > granules.free_count() + room) {
     undo();
@@ -222,7 +277,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
 
   bool stitched = false;
   for (GranuleId id = first; id <= last; ++id) {
-    if (granules[id].mapped) {
+    if (granules.is_mapped(id)) {
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
       continue;
     }
@@ -262,7 +317,42 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
 void ExpandablePool::State::unback(const Space& space, std::uintptr_t base, std::size_t bytes,
                                    Stream stream) noexcept {
   const GranuleId last = granule_of(space, base + bytes - 1);
-  for (GranuleId id = granule_of(space, base); id <= last; ++id) granules.unuse(id, stream);
+  granules.unuse_range(granule_of(space, base), last, stream);
+}
+
+void ExpandablePool::State::free_large(const Held& block) noexcept {
+  // The block is live in the arena (deallocate checked), so this cannot fail.
+  (void)large.free(block.ptr, block.stream);
+  const auto base = reinterpret_cast<std::uintptr_t>(block.ptr);
+  unback(*space_of(base), base, block.bytes, block.stream);
+}
+
+void ExpandablePool::State::reap() {
+  // Idle means no call through four checks a quarter of the idle time apart:
+  // released between 1 and 1.25 idle times after the last call.
+  constexpr int kChecks = 4;
+  const auto step = std::max(options.idle_release / kChecks, std::chrono::milliseconds(1));
+  std::unique_lock lock(mutex);
+  std::uint64_t seen = calls;
+  int quiet = 0;
+  while (!stopping) {
+    if (held.empty() && granules.free_count() == 0) {
+      reaper_parked = true;  // nothing to release: wait for a free
+      reaper_wake.wait(lock, [this] { return stopping || !reaper_parked; });
+      seen = calls;
+      quiet = 0;
+      continue;
+    }
+    reaper_wake.wait_for(lock, step);
+    if (calls != seen) {
+      seen = calls;
+      quiet = 0;
+    } else if (++quiet == kChecks) {
+      complete_held();
+      release_free(0);
+      quiet = 0;
+    }
+  }
 }
 
 Error ExpandablePool::State::out_of_memory(std::size_t requested, std::size_t rounded,
@@ -310,11 +400,19 @@ Expected<std::unique_ptr<ExpandablePool>> ExpandablePool::create(std::shared_ptr
     return Error(Errc::invalid_argument, "ExpandablePool::create: bytes_limit " + format_bytes(limit) +
                                              " is more granules than the pool can count");
   }
+  if (options.idle_release.count() < 0) {
+    return Error(Errc::invalid_argument, "ExpandablePool::create: idle_release " +
+                                             std::to_string(options.idle_release.count()) + " ms is negative");
+  }
   auto state = std::make_unique<State>(std::move(device), options, limit);
   if (Status s = state->add_space(kSmallSpaceShares * limit, true); !s) return std::move(s).error();
   if (Status s = state->add_space(kLargeSpaceShares * limit, false); !s) {
     (void)state->device->unreserve(reinterpret_cast<void*>(state->spaces[0].base), state->spaces[0].bytes);
     return std::move(s).error();
+  }
+  if (options.idle_release.count() > 0) {
+    State* raw = state.get();
+    state->reaper = std::thread([raw] { raw->reap(); });
   }
   return std::unique_ptr<ExpandablePool>(new ExpandablePool(std::move(state)));
 }
@@ -324,10 +422,11 @@ ExpandablePool::ExpandablePool(std::unique_ptr<State> state) : state_(std::move(
 ExpandablePool::~ExpandablePool() {
   // As BFC: everything goes back, whatever is still in use.
   State& s = *state_;
+  s.stop_reaper();
   for (GranuleId id = 0; id < s.granules.size(); ++id) {
-    if (!s.granules[id].mapped) continue;
+    if (!s.granules.is_mapped(id)) continue;
     (void)s.device->unmap(s.address_of(id), s.granule);
-    (void)s.device->release(s.granules[id].handle, s.granule);
+    (void)s.device->release(s.granules.handle(id), s.granule);
   }
   for (const State::Space& space : s.spaces) {
     (void)s.device->unreserve(reinterpret_cast<void*>(space.base), space.bytes);
@@ -342,10 +441,24 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return static_cast<void*>(nullptr);
   State& s = *state_;
   std::lock_guard lock(s.mutex);
+  ++s.calls;
   if (bytes > s.bytes_limit) return s.out_of_memory(bytes, bytes, bytes / s.granule + 1);
   const std::size_t rounded = round_up(bytes, pool::kChunkGranule);
   const bool small = rounded < s.options.small_threshold;
   pool::BestFitArena& arena = small ? s.small : s.large;
+  if (!small && !s.held.empty()) {
+    // Newest first. Chunk sizes are exact (the arena always splits), so a
+    // held block of this size is what the arena would carve, already backed.
+    for (std::size_t i = s.held.size(); i-- > 0;) {
+      if (s.held[i].bytes == rounded && s.held[i].stream == stream) {
+        void* ptr = s.held[i].ptr;
+        s.held.erase(s.held.begin() + static_cast<std::ptrdiff_t>(i));
+        s.usage.allocated(rounded);
+        return ptr;
+      }
+    }
+    s.complete_held();  // so the arena places this block knowing all free space
+  }
 
   Expected<pool::MemoryRange> block = arena.allocate(rounded, stream);
   if (!block) return std::move(block).error();
@@ -374,6 +487,7 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return {};
   State& s = *state_;
   std::lock_guard lock(s.mutex);
+  ++s.calls;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   const State::Space* space = s.space_of(address);
   if (space == nullptr) {
@@ -381,11 +495,23 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
                                             ": not a pointer this pool handed out (it lies outside its "
                                             "address space)");
   }
+  if (!space->small && s.holds_back) {
+    const std::size_t bytes = s.large.live_size(ptr);
+    if (bytes != 0 && !s.is_held(ptr)) {
+      if (s.held.size() == kHeldBlocks) {
+        s.free_large(s.held.front());
+        s.held.erase(s.held.begin());
+      }
+      s.held.push_back({ptr, bytes, stream});
+      s.note_free(stream);
+      s.usage.freed(bytes);
+      return {};
+    }
+    s.complete_held();  // a bad pointer or a second free: the arena below says which
+  }
   Expected<std::size_t> freed = (space->small ? s.small : s.large).free(ptr, stream);
   if (!freed) return std::move(freed).error();
-  if (std::find(s.freeing_streams.begin(), s.freeing_streams.end(), stream) == s.freeing_streams.end()) {
-    s.freeing_streams.push_back(stream);
-  }
+  s.note_free(stream);
   s.unback(*space, address, *freed, stream);
   s.usage.freed(*freed);
   if (s.free_granule_bytes() > s.options.release_threshold) s.release_free(s.options.release_threshold);
@@ -393,8 +519,9 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
 }
 
 Stats ExpandablePool::stats() const {
-  const State& s = *state_;
+  State& s = *state_;
   std::lock_guard lock(s.mutex);
+  s.complete_held();  // the free granule figures count held blocks' granules
   Stats stats = s.usage.to_stats();
   stats.bytes_limit = static_cast<std::int64_t>(s.bytes_limit);
   stats.largest_free_block_bytes = static_cast<std::int64_t>(s.free_granule_bytes());
@@ -409,12 +536,14 @@ Stats ExpandablePool::stats() const {
 
 std::size_t ExpandablePool::trim() {
   std::lock_guard lock(state_->mutex);
+  state_->complete_held();
   return state_->release_free(0);
 }
 
 std::string ExpandablePool::dump() const {
-  const State& s = *state_;
+  State& s = *state_;
   std::lock_guard lock(s.mutex);
+  s.complete_held();
   std::string out = "expandable pool on " + s.device->description() + ": limit " + format_bytes(s.bytes_limit) +
                     ", in use " + format_bytes(static_cast<std::size_t>(s.usage.bytes_in_use)) + ", mapped " +
                     format_bytes(s.mapped_bytes()) + " (" + std::to_string(s.granules.mapped()) + " granules of " +

@@ -6,6 +6,11 @@
 // granule: a granule used again stays queued and is skipped when it reaches
 // the front, and one freed again while still queued keeps its place.
 //
+// A block's granules are a range, and the cached path works on ranges: the
+// records are kept field by field (one array each), so that taking or giving
+// back a use on every granule of a large block is a few tight loops the
+// compiler vectorizes, not a branch per granule.
+//
 // Not thread-safe: the owning pool serializes every call.
 #pragma once
 
@@ -25,57 +30,85 @@ inline constexpr GranuleId kNoGranule = std::numeric_limits<GranuleId>::max();
 /// The tag of a free granule whose blocks were freed on more than one stream.
 inline constexpr Stream kManyStreams = kNoStream - 1;
 
-struct Granule {
-  PhysicalHandle handle = 0;
-  std::uint32_t uses = 0;       // live blocks that overlap it
-  bool mapped = false;
-  bool queued = false;          // in the free queue (perhaps stale: used again since)
-  Stream freed_on = kNoStream;  // while free: the stream(s) whose queued work may still touch it
-};
-
 class GranuleTable {
  public:
   /// Appends `count` unmapped granules; returns the id of the first.
   GranuleId grow(std::size_t count) {
-    const auto first = static_cast<GranuleId>(granules_.size());
-    granules_.resize(granules_.size() + count);
+    const auto first = static_cast<GranuleId>(uses_.size());
+    const std::size_t size = uses_.size() + count;
+    handle_.resize(size, 0);
+    freed_on_.resize(size, kNoStream);
+    uses_.resize(size, 0);
+    mapped_flag_.resize(size, 0);
+    queued_.resize(size, 0);
     return first;
   }
 
-  Granule& operator[](GranuleId id) noexcept { return granules_[id]; }
-  const Granule& operator[](GranuleId id) const noexcept { return granules_[id]; }
-  std::size_t size() const noexcept { return granules_.size(); }
+  std::size_t size() const noexcept { return uses_.size(); }
+  bool is_mapped(GranuleId id) const noexcept { return mapped_flag_[id] != 0; }
+  PhysicalHandle handle(GranuleId id) const noexcept { return handle_[id]; }
+  /// While free: the stream(s) whose queued work may still touch it, or kNoStream.
+  Stream freed_on(GranuleId id) const noexcept { return freed_on_[id]; }
+  void settled(GranuleId id) noexcept { freed_on_[id] = kNoStream; }
 
   std::size_t mapped() const noexcept { return mapped_; }
   /// Mapped granules no live block overlaps.
   std::size_t free_count() const noexcept { return free_count_; }
 
-  /// Unmapped granule `id` now has `handle` mapped, for one live block.
+  /// One more live block overlaps every granule of [first, last]. Returns how
+  /// many of them are unmapped: the caller maps each (set_mapped) or gives the
+  /// uses back (unuse_range).
+  std::size_t use_range(GranuleId first, GranuleId last) noexcept {
+    std::size_t unmapped = 0;
+    std::size_t taken = 0;  // free granules that now hold a block
+    for (std::size_t id = first; id <= last; ++id) {
+      const std::uint32_t mapped = mapped_flag_[id];
+      unmapped += mapped ^ 1u;
+      taken += mapped & static_cast<std::uint32_t>(uses_[id] == 0);
+      ++uses_[id];
+    }
+    free_count_ -= taken;
+    return unmapped;
+  }
+
+  /// Unmapped granule `id`, already used by the block being backed
+  /// (use_range), now has `handle` mapped.
   void set_mapped(GranuleId id, PhysicalHandle handle) noexcept {
-    Granule& g = granules_[id];
-    g.handle = handle;
-    g.mapped = true;
-    g.uses = 1;
+    handle_[id] = handle;
+    mapped_flag_[id] = 1;
     ++mapped_;
   }
 
-  /// One more live block overlaps mapped granule `id`.
-  void use(GranuleId id) noexcept {
-    if (granules_[id].uses++ == 0) --free_count_;
-  }
-  /// A block freed on `stream` overlapped `id`; the last one makes it free.
-  void unuse(GranuleId id, Stream stream) {
-    Granule& g = granules_[id];
-    if (g.freed_on == kNoStream) {
-      g.freed_on = stream;
-    } else if (g.freed_on != stream) {
-      g.freed_on = kManyStreams;
+  /// A block freed on `stream` overlapped every granule of [first, last]
+  /// (kNoStream: a block that never held memory, whose backing failed); the
+  /// granules it was the last use of become free.
+  void unuse_range(GranuleId first, GranuleId last, Stream stream) {
+    if (stream != kNoStream) {
+      // Mostly every tag is this stream already (blocks freed where they were
+      // used, again and again): then reading them is all there is to do.
+      bool same = true;
+      for (std::size_t id = first; id <= last; ++id) same &= freed_on_[id] == stream;
+      if (!same) {
+        for (std::size_t id = first; id <= last; ++id) {
+          const Stream tag = freed_on_[id];
+          freed_on_[id] = tag == kNoStream || tag == stream ? stream : kManyStreams;
+        }
+      }
     }
-    if (--g.uses != 0) return;
-    ++free_count_;
-    if (!g.queued) {
-      g.queued = true;
-      queue_.push_back(id);
+    std::size_t emptied = 0;
+    std::uint32_t unqueued = 0;  // emptied granules not in the queue yet
+    for (std::size_t id = first; id <= last; ++id) {
+      const std::uint32_t empty = static_cast<std::uint32_t>(--uses_[id] == 0) & mapped_flag_[id];
+      emptied += empty;
+      unqueued |= empty & (queued_[id] ^ 1u);
+    }
+    free_count_ += emptied;
+    if (unqueued == 0) return;
+    for (std::size_t id = first; id <= last; ++id) {
+      if (uses_[id] == 0 && mapped_flag_[id] != 0 && queued_[id] == 0) {
+        queued_[id] = 1;
+        queue_.push_back(static_cast<GranuleId>(id));
+      }
     }
   }
 
@@ -83,8 +116,8 @@ class GranuleTable {
   GranuleId oldest_free() noexcept {
     while (!queue_.empty()) {
       const GranuleId id = queue_.front();
-      if (granules_[id].mapped && granules_[id].uses == 0) return id;
-      granules_[id].queued = false;  // stale: used again, or unmapped
+      if (mapped_flag_[id] != 0 && uses_[id] == 0) return id;
+      queued_[id] = 0;  // stale: used again, or unmapped
       queue_.pop_front();
     }
     return kNoGranule;
@@ -94,17 +127,21 @@ class GranuleTable {
   PhysicalHandle take_oldest_free() noexcept {
     const GranuleId id = oldest_free();
     queue_.pop_front();
-    Granule& g = granules_[id];
-    g.queued = false;
-    g.mapped = false;
-    g.freed_on = kNoStream;
+    queued_[id] = 0;
+    mapped_flag_[id] = 0;
+    freed_on_[id] = kNoStream;
     --free_count_;
     --mapped_;
-    return g.handle;
+    return handle_[id];
   }
 
  private:
-  std::vector<Granule> granules_;
+  // One entry per granule in each.
+  std::vector<PhysicalHandle> handle_;
+  std::vector<Stream> freed_on_;
+  std::vector<std::uint32_t> uses_;         // live blocks that overlap it
+  std::vector<std::uint8_t> mapped_flag_;   // a handle is mapped there
+  std::vector<std::uint8_t> queued_;        // in queue_ (perhaps stale: used again since)
   std::deque<GranuleId> queue_;
   std::size_t mapped_ = 0;
   std::size_t free_count_ = 0;

@@ -1,12 +1,15 @@
 // ExpandablePool: stitching defeats fragmentation, data survives stitching,
 // trimming and reuse, trim hands back exactly what was taken, the release
-// threshold, the mapping limit, and streams. The Allocator contract it shares
+// threshold, idle release, large blocks held back on free, the mapping limit,
+// and streams. The Allocator contract it shares
 // with every pool is in allocator_contract_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "pool/pool_test_support.hpp"
@@ -327,6 +330,118 @@ TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {
   EXPECT_EQ(pool->stats().num_stitches, 1);
   EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(64 * MiB));
   for (void* block : {d, keep_1, keep_2}) ASSERT_TRUE(pool->deallocate(block, kThree));
+}
+
+// A large block freed is held back whole: asked for again at its size on its
+// stream it comes back as it was; to everything else its granules are free.
+TEST(ExpandablePool, LargeBlocksHeldBackOnFreeAreFreeToEveryoneElse) {
+  auto counting = std::make_shared<SyncCountingDevice>(host_device(32 * MiB));
+  auto pool = expandable(counting);
+  void* whole = must_allocate(*pool, 32 * MiB);
+  fill(whole, 32 * MiB, 7, 4096);
+  const std::int64_t maps = pool->stats().num_maps;
+  ASSERT_TRUE(pool->deallocate(whole));
+  void* again = must_allocate(*pool, 32 * MiB);
+  EXPECT_EQ(again, whole);
+  EXPECT_TRUE(intact(again, 32 * MiB, 7, 4096));
+  EXPECT_EQ(pool->stats().num_maps, maps);
+  ASSERT_TRUE(pool->deallocate(again));
+
+  // Counted free at once: stats see every granule free, nothing in use.
+  const Stats freed = pool->stats();
+  EXPECT_EQ(freed.bytes_in_use, 0);
+  EXPECT_EQ(freed.granules_free, 16);
+
+  ASSERT_TRUE(pool->deallocate(must_allocate(*pool, 32 * MiB)));  // held again
+  // A small block at the limit: the held block's granules are stolen for it.
+  void* small = must_allocate(*pool, 512 * KiB);
+  EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(32 * MiB));
+  EXPECT_EQ(pool->stats().num_stitches, 1);
+  ASSERT_TRUE(pool->deallocate(small));
+
+  // Errors name what the pointer really is, held or not.
+  void* large = must_allocate(*pool, 16 * MiB);
+  ASSERT_TRUE(pool->deallocate(large));
+  Status twice = pool->deallocate(large);
+  ASSERT_FALSE(twice);
+  EXPECT_EQ(twice.error().code(), Errc::double_free) << twice.error().message();
+  large = must_allocate(*pool, 16 * MiB);
+  ASSERT_TRUE(pool->deallocate(large));
+  Status inside = pool->deallocate(static_cast<char*>(large) + 4096);
+  ASSERT_FALSE(inside);
+  EXPECT_EQ(inside.error().message().find("live block"), std::string::npos) << inside.error().message();
+
+  // Freed on one stream, asked for on another: not handed over unsynchronized.
+  void* on_one = must_allocate(*pool, 8 * MiB, 1);
+  ASSERT_TRUE(pool->deallocate(on_one, 1));
+  EXPECT_EQ(counting->calls(1), 0);
+  void* on_two = must_allocate(*pool, 8 * MiB, 2);
+  if (on_two == on_one) {
+    EXPECT_GE(counting->calls(1), 1);
+  }
+  ASSERT_TRUE(pool->deallocate(on_two, 2));
+  EXPECT_EQ(pool->stats().bytes_in_use, 0);
+}
+
+// Polls `done` for up to 20 s: long enough for a loaded machine, and the
+// test ends as soon as the pool has acted.
+template <class Done>
+bool eventually(Done done) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+TEST(ExpandablePool, AnIdlePoolHandsItsCacheBack) {
+  auto device = host_device(256 * MiB);
+  ExpandableOptions options;
+  options.idle_release = std::chrono::milliseconds(20);
+  auto pool = expandable(device, options);
+  void* keep = must_allocate(*pool, 10 * MiB);
+  void* a = must_allocate(*pool, 100 * MiB);
+  void* b = must_allocate(*pool, 4 * KiB);
+  ASSERT_TRUE(pool->deallocate(a));
+  ASSERT_TRUE(pool->deallocate(b));
+  // Every free granule goes back; the live block keeps its own.
+  ASSERT_TRUE(eventually([&] { return device->mem_info().free_bytes == 256 * MiB - 10 * MiB; }))
+      << pool->dump();
+  const Stats idle = pool->stats();
+  EXPECT_EQ(idle.bytes_mapped, static_cast<std::int64_t>(10 * MiB));
+  EXPECT_EQ(idle.granules_free, 0);
+  EXPECT_EQ(idle.num_releases, 51);  // 100 MiB + 4 KiB took 50 + 1 granules
+
+  // It works on afterwards, and releases again once idle again.
+  void* c = must_allocate(*pool, 50 * MiB);
+  fill(c, 50 * MiB, 3, 4096);
+  EXPECT_TRUE(intact(c, 50 * MiB, 3, 4096));
+  ASSERT_TRUE(pool->deallocate(c));
+  ASSERT_TRUE(eventually([&] { return device->mem_info().free_bytes == 256 * MiB - 10 * MiB; }));
+  ASSERT_TRUE(pool->deallocate(keep));
+  ASSERT_TRUE(eventually([&] { return device->mem_info().free_bytes == 256 * MiB; }));
+}
+
+TEST(ExpandablePool, ABusyPoolKeepsItsCache) {
+  auto device = host_device(256 * MiB);
+  ExpandableOptions options;
+  options.idle_release = std::chrono::seconds(3);  // far more than the gaps below
+  auto pool = expandable(device, options);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(pool->deallocate(must_allocate(*pool, 64 * MiB)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(64 * MiB));
+  EXPECT_EQ(pool->stats().num_releases, 0);
+  // Destroyed while its thread waits: that thread stops, all goes back.
+  pool.reset();
+  EXPECT_EQ(device->mem_info().free_bytes, 256 * MiB);
+
+  options.idle_release = std::chrono::milliseconds(-1);
+  auto negative = ExpandablePool::create(device, options);
+  ASSERT_FALSE(negative);
+  EXPECT_EQ(negative.error().code(), Errc::invalid_argument);
 }
 
 }  // namespace
