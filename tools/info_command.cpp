@@ -53,6 +53,10 @@ std::vector<Row> configuration_rows(const Config& config, const Device& device) 
                                                     : config.mode.value == Mode::expandable
                                                           ? "keep all, until trim()"
                                                           : "the pool's default"));
+  rows.push_back(row("idle_release", config.idle_release,
+                     config.idle_release.value.count() > 0
+                         ? std::to_string(config.idle_release.value.count()) + " ms"
+                         : "never"));
   rows.push_back(row("quota", config.quota,
                      config.quota.value ? config.quota.value->to_string() : "none"));
   rows.push_back(row("ledger", config.ledger, config.ledger.value ? "on" : "off"));

@@ -11,6 +11,7 @@
 // README.md has the full table.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -106,6 +107,9 @@ struct Config {
   /// Cached free bytes an expandable or cuda_async pool keeps before handing
   /// memory back; unset means the pool's own default.
   Setting<std::optional<std::size_t>> release_threshold;
+  /// How long an expandable pool waits with no allocate or free before it
+  /// releases every free granule (TIDEPOOL_IDLE_RELEASE); 0 means never.
+  Setting<std::chrono::milliseconds> idle_release{std::chrono::milliseconds(0)};
   /// The per-process quota in the cross-process ledger; unset means none.
   Setting<std::optional<Quota>> quota;
   /// Whether the cross-process ledger guards the device. TIDEPOOL_QUOTA

@@ -25,11 +25,11 @@ constexpr std::array<Mode, 5> kModes = {Mode::preallocate, Mode::growth, Mode::p
 
 // The variables this file reads. A TIDEPOOL_* variable not listed here is
 // reported as probably misspelt: add new variables to this list.
-constexpr std::array<std::string_view, 10> kTidepoolVariables = {
+constexpr std::array<std::string_view, 11> kTidepoolVariables = {
     "TIDEPOOL_ALLOCATOR",     "TIDEPOOL_MEM_FRACTION",      "TIDEPOOL_PREALLOCATE",
     "TIDEPOOL_DEVICE",        "TIDEPOOL_HOST_CAPACITY",     "TIDEPOOL_RELEASE_THRESHOLD",
-    "TIDEPOOL_QUOTA",         "TIDEPOOL_LEDGER",            "TIDEPOOL_LEDGER_MODE",
-    "TIDEPOOL_LEDGER_NAME"};
+    "TIDEPOOL_IDLE_RELEASE",  "TIDEPOOL_QUOTA",             "TIDEPOOL_LEDGER",
+    "TIDEPOOL_LEDGER_MODE",   "TIDEPOOL_LEDGER_NAME"};
 
 std::string known_names() {
   std::string out;
@@ -113,6 +113,30 @@ Expected<bool> parse_strict_bool(std::string_view variable, std::string_view tex
   if (word == "true" || word == "1" || word == "yes" || word == "on") return true;
   if (word == "false" || word == "0" || word == "no" || word == "off") return false;
   return invalid(variable, text, text.empty() ? "empty" : "not a boolean", kStrictBoolAllowed);
+}
+
+constexpr const char* kDurationAllowed =
+    "a duration: seconds, or a number with ms, s, min or h (e.g. 30s, 500ms, 2min); 0 for never";
+
+// A duration of at most 30 days, rounded up to whole milliseconds.
+Expected<std::chrono::milliseconds> parse_duration(std::string_view variable, std::string_view text) {
+  const std::string word = lower(trim(text));
+  std::string_view number = word;
+  double ms_per_unit = 1000.0;  // a bare number is seconds
+  // "ms" before "s": both end in s.
+  for (auto [suffix, scale] : {std::pair<std::string_view, double>{"ms", 1.0}, {"min", 60e3}, {"s", 1e3}, {"h", 3600e3}}) {
+    if (number.ends_with(suffix)) {
+      number.remove_suffix(suffix.size());
+      ms_per_unit = scale;
+      break;
+    }
+  }
+  auto value = parse_number(number);
+  if (!value) return invalid(variable, text, text.empty() ? "empty" : "not a duration", kDurationAllowed);
+  if (*value < 0.0) return invalid(variable, text, "negative", kDurationAllowed);
+  const double ms = std::ceil(*value * ms_per_unit);
+  if (ms > 30.0 * 24 * 3600e3) return invalid(variable, text, "more than 30 days", kDurationAllowed);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
 }
 
 Expected<std::size_t> parse_size(std::string_view variable, std::string_view text) {
@@ -325,6 +349,11 @@ Status read_device(const Environment& env, Config& config) {
     if (!bytes) return std::move(bytes).error();
     config.release_threshold = {*bytes, "TIDEPOOL_RELEASE_THRESHOLD", *text};
   }
+  if (auto text = env.get("TIDEPOOL_IDLE_RELEASE")) {
+    auto idle = parse_duration("TIDEPOOL_IDLE_RELEASE", *text);
+    if (!idle) return std::move(idle).error();
+    config.idle_release = {*idle, "TIDEPOOL_IDLE_RELEASE", *text};
+  }
   return {};
 }
 
@@ -422,6 +451,9 @@ void note_ignored_settings(Config& config) {
       !(mode == Mode::expandable || mode == Mode::cuda_async))
     config.notes.push_back("TIDEPOOL_RELEASE_THRESHOLD has no effect in mode " +
                            std::string(mode_name(mode)) + " (only expandable and cuda_async release)");
+  if (config.idle_release.value.count() > 0 && mode != Mode::expandable)
+    config.notes.push_back("TIDEPOOL_IDLE_RELEASE has no effect in mode " + std::string(mode_name(mode)) +
+                           " (only expandable releases when idle)");
   if (config.device.value != DeviceKind::host && !config.host_capacity.is_default())
     config.notes.push_back("TIDEPOOL_HOST_CAPACITY has no effect with the cuda device");
 }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <utility>
@@ -290,6 +291,21 @@ TEST(TidepoolVariables, DeviceCapacityThreshold) {
   EXPECT_EQ(threshold.release_threshold.source, "TIDEPOOL_RELEASE_THRESHOLD");
   EXPECT_TRUE(threshold.notes.empty());
   EXPECT_EQ(*load_ok({{"TIDEPOOL_RELEASE_THRESHOLD", "0"}}).release_threshold.value, 0u);
+}
+
+TEST(TidepoolVariables, IdleReleaseIsADuration) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(load_ok({}).idle_release.value, milliseconds(0));  // never, by default
+  for (auto [text, ms] : {std::pair<const char*, std::int64_t>{"30", 30000}, {"30s", 30000}, {"1.5", 1500},
+                          {"500ms", 500}, {" 2 MIN ", 120000}, {"1h", 3600000}, {"0.0001s", 1}, {"0", 0}}) {
+    Config config = load_ok({{"TIDEPOOL_IDLE_RELEASE", text}});
+    EXPECT_EQ(config.idle_release.value, milliseconds(ms)) << text;
+    EXPECT_EQ(config.idle_release.source, "TIDEPOOL_IDLE_RELEASE");
+  }
+  for (const char* value : {"soon", "-1s", "10d", "", "s", "721h"})
+    expect_invalid({{"TIDEPOOL_IDLE_RELEASE", value}}, "TIDEPOOL_IDLE_RELEASE", value, "a duration");
+  Config bfc = load_ok({{"TIDEPOOL_ALLOCATOR", "growth"}, {"TIDEPOOL_IDLE_RELEASE", "10s"}});
+  EXPECT_TRUE(any_contains(bfc.notes, "TIDEPOOL_IDLE_RELEASE has no effect in mode growth"));
 }
 
 TEST(TidepoolVariables, QuotaInEveryForm) {

@@ -1,10 +1,13 @@
 // The config layer builds the expandable pool from the environment:
 // TIDEPOOL_ALLOCATOR=expandable (or XLA's "vmm"), its bytes_limit from the
-// memory fraction, its release threshold from TIDEPOOL_RELEASE_THRESHOLD.
+// memory fraction, its release threshold from TIDEPOOL_RELEASE_THRESHOLD,
+// its idle release from TIDEPOOL_IDLE_RELEASE.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "tidepool/config.hpp"
 #include "tidepool/units.hpp"
@@ -52,6 +55,17 @@ TEST(ExpandableStack, TheEnvironmentChoosesAndShapesIt) {
   EXPECT_EQ(keeps->stats().bytes_reserved, static_cast<std::int64_t>(100 * MiB));
   EXPECT_EQ(gives_back->stats().bytes_reserved, 0);
   EXPECT_EQ(limited->stats().bytes_reserved, static_cast<std::int64_t>(8 * MiB));
+}
+
+TEST(ExpandableStack, IdleReleaseReachesThePool) {
+  auto pool = build(load({{"TIDEPOOL_ALLOCATOR", "expandable"}, {"TIDEPOOL_IDLE_RELEASE", "10ms"}}));
+  Expected<void*> block = pool->allocate(100 * MiB);
+  ASSERT_TRUE(block) << block.error().message();
+  ASSERT_TRUE(pool->deallocate(*block));
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (pool->stats().bytes_reserved != 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(pool->stats().bytes_reserved, 0);
 }
 
 TEST(Stack, AFractionThatLeavesNothingIsAnErrorNotTheWholeDevice) {

@@ -68,6 +68,19 @@ def test_bad_settings_raise_with_the_message():
         host(capacity=[1])
 
 
+def test_idle_release_hands_the_cache_back():
+    import time
+    pool = host(mode="expandable", idle_release="10ms")
+    pool.free(pool.allocate(100 * MiB))
+    give_up = time.monotonic() + 20
+    while pool.memory_stats()["bytes_reserved"] != 0 and time.monotonic() < give_up:
+        time.sleep(0.005)
+    assert pool.memory_stats()["bytes_reserved"] == 0
+    assert tidepool.setting_keys()["idle_release"] == "TIDEPOOL_IDLE_RELEASE"
+    with pytest.raises(tidepool.InvalidArgumentError, match="idle_release='soon' is invalid"):
+        host(mode="expandable", idle_release="soon")
+
+
 def test_pointer_errors():
     pool = host(mode="growth")
     address = pool.allocate(4096)
