@@ -59,6 +59,14 @@ class GranuleTable {
   /// many of them are unmapped: the caller maps each (set_mapped) or gives the
   /// uses back (unuse_range).
   std::size_t use_range(GranuleId first, GranuleId last) noexcept {
+    if (first == last) {  // most small blocks
+      if (mapped_flag_[first] == 0) {
+        ++uses_[first];
+        return 1;
+      }
+      if (uses_[first]++ == 0) --free_count_;
+      return 0;
+    }
     std::size_t unmapped = 0;
     std::size_t taken = 0;  // free granules that now hold a block
     for (std::size_t id = first; id <= last; ++id) {
@@ -83,6 +91,10 @@ class GranuleTable {
   /// (kNoStream: a block that never held memory, whose backing failed); the
   /// granules it was the last use of become free.
   void unuse_range(GranuleId first, GranuleId last, Stream stream) {
+    if (first == last) {  // most small blocks
+      unuse_one(first, stream);
+      return;
+    }
     if (stream != kNoStream) {
       // Mostly every tag is this stream already (blocks freed where they were
       // used, again and again): then reading them is all there is to do.
@@ -109,6 +121,19 @@ class GranuleTable {
         queued_[id] = 1;
         queue_.push_back(static_cast<GranuleId>(id));
       }
+    }
+  }
+
+  void unuse_one(GranuleId id, Stream stream) {
+    if (stream != kNoStream) {
+      const Stream tag = freed_on_[id];
+      if (tag != stream) freed_on_[id] = tag == kNoStream ? stream : kManyStreams;
+    }
+    if (--uses_[id] != 0 || mapped_flag_[id] == 0) return;
+    ++free_count_;
+    if (queued_[id] == 0) {
+      queued_[id] = 1;
+      queue_.push_back(id);
     }
   }
 
