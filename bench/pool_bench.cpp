@@ -123,7 +123,6 @@ const std::vector<std::size_t>& large_sizes() {
   }();
   return sizes;
 }
-constexpr std::size_t kLargeMask = 255;
 
 // Serves every mixed size once with a window's worth live, so later
 // iterations run on the cached path.
@@ -149,26 +148,16 @@ void fixed_pairs(benchmark::State& state, Kind kind, std::size_t bytes) {
   state.SetItemsProcessed(state.iterations());
 }
 
-void mixed_pairs(benchmark::State& state, Kind kind) {
+// An alloc+free pair per iteration, the sizes taken in turn (their count is a
+// power of two); each thread starts at its own place in them.
+void sized_pairs(benchmark::State& state, Kind kind, const std::vector<std::size_t>& sizes,
+                 std::size_t thread_offset) {
   Allocator* pool = kind == Kind::glibc ? nullptr : pool_of(kind);
   if (state.thread_index() == 0) warm_up(kind, pool);
-  const std::vector<std::size_t>& sizes = mixed_sizes();
-  std::size_t next = static_cast<std::size_t>(state.thread_index()) * 997;
+  const std::size_t mask = sizes.size() - 1;
+  std::size_t next = static_cast<std::size_t>(state.thread_index()) * thread_offset;
   for (auto _ : state) {
-    void* ptr = allocate(kind, pool, sizes[next++ & kSizeMask]);
-    benchmark::DoNotOptimize(ptr);
-    deallocate(kind, pool, ptr);
-  }
-  state.SetItemsProcessed(state.iterations());
-}
-
-void large_pairs(benchmark::State& state, Kind kind) {
-  Allocator* pool = kind == Kind::glibc ? nullptr : pool_of(kind);
-  if (state.thread_index() == 0) warm_up(kind, pool);
-  const std::vector<std::size_t>& sizes = large_sizes();
-  std::size_t next = static_cast<std::size_t>(state.thread_index()) * 97;
-  for (auto _ : state) {
-    void* ptr = allocate(kind, pool, sizes[next++ & kLargeMask]);
+    void* ptr = allocate(kind, pool, sizes[next++ & mask]);
     benchmark::DoNotOptimize(ptr);
     deallocate(kind, pool, ptr);
   }
@@ -209,12 +198,12 @@ void register_all() {
           ->UseRealTime();
     }
     benchmark::RegisterBenchmark(("mixed/" + name).c_str(),
-                                 [kind](benchmark::State& state) { mixed_pairs(state, kind); })
+                                 [kind](benchmark::State& state) { sized_pairs(state, kind, mixed_sizes(), 997); })
         ->Threads(1)
         ->Threads(2)
         ->UseRealTime();
     benchmark::RegisterBenchmark(("large/" + name).c_str(),
-                                 [kind](benchmark::State& state) { large_pairs(state, kind); })
+                                 [kind](benchmark::State& state) { sized_pairs(state, kind, large_sizes(), 97); })
         ->Threads(1)
         ->Threads(2)
         ->UseRealTime();
