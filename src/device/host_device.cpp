@@ -102,6 +102,24 @@ struct HostDevice::State {
       : options(device_options), offsets(device_options.capacity) {}
 
   std::string who() const { return "host device \"" + options.name + "\""; }
+
+  /// The physical memory `handle` names, created with `bytes`. Errors lead
+  /// with "<call> of handle N"; a handle released already is `released`
+  /// (release: double_free; map: invalid_argument).
+  Expected<Physical*> created(PhysicalHandle handle, std::size_t bytes, std::string_view call, Errc released) {
+    auto lead = [&] { return who() + ": " + std::string(call) + " of handle " + std::to_string(handle); };
+    auto physical = physicals.find(handle);
+    if (physical == physicals.end()) {
+      if (handle != 0 && handle < next_handle) return Error(released, lead() + ", which was released already");
+      return Error(Errc::invalid_argument, lead() + ", which this device never created");
+    }
+    if (physical->second.bytes != bytes) {
+      return Error(Errc::invalid_argument, lead() + " with " + std::to_string(bytes) +
+                                               " bytes, but it was created with " +
+                                               std::to_string(physical->second.bytes));
+    }
+    return &physical->second;
+  }
   std::size_t free_bytes() const { return options.capacity - physical_bytes - plain_bytes; }
 
   Error out_of_memory(std::size_t requested) const {
@@ -381,20 +399,9 @@ Status HostDevice::map_many(void* va, std::size_t bytes, std::span<const Physica
   std::vector<State::Physical*> targets;
   targets.reserve(handles.size());
   for (const PhysicalHandle handle : handles) {
-    auto physical = s.physicals.find(handle);
-    if (physical == s.physicals.end()) {
-      const bool released = handle != 0 && handle < s.next_handle;
-      return Error(Errc::invalid_argument,
-                   s.who() + ": map of handle " + std::to_string(handle) + ", which " +
-                       (released ? "was released already" : "this device never created"));
-    }
-    State::Physical& target = physical->second;
-    if (target.bytes != bytes) {
-      return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
-                                               " with " + std::to_string(bytes) +
-                                               " bytes, but it was created with " +
-                                               std::to_string(target.bytes));
-    }
+    Expected<State::Physical*> physical = s.created(handle, bytes, "map", Errc::invalid_argument);
+    if (!physical) return std::move(physical).error();
+    State::Physical& target = **physical;
     if (target.mapped_at != 0) {
       return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
                                                ", which is already mapped at " + format_address(target.mapped_at));
@@ -513,22 +520,9 @@ Status HostDevice::unmap(void* va, std::size_t bytes) {
 Status HostDevice::release(PhysicalHandle handle, std::size_t bytes) {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
-  auto physical = s.physicals.find(handle);
-  if (physical == s.physicals.end()) {
-    if (handle != 0 && handle < s.next_handle) {
-      return Error(Errc::double_free, s.who() + ": release of handle " + std::to_string(handle) +
-                                          ", which was released already");
-    }
-    return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
-                                             ", which this device never created");
-  }
-  State::Physical& target = physical->second;
-  if (target.bytes != bytes) {
-    return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
-                                             " with " + std::to_string(bytes) +
-                                             " bytes, but it was created with " +
-                                             std::to_string(target.bytes));
-  }
+  Expected<State::Physical*> physical = s.created(handle, bytes, "release", Errc::double_free);
+  if (!physical) return std::move(physical).error();
+  State::Physical& target = **physical;
   if (target.mapped_at != 0) {
     return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
                                              ", which is still mapped at " + format_address(target.mapped_at));
@@ -543,7 +537,7 @@ Status HostDevice::release(PhysicalHandle handle, std::size_t bytes) {
   }
   for (const Extent& extent : target.extents) s.offsets.free(extent);
   s.physical_bytes -= bytes;
-  s.physicals.erase(physical);
+  s.physicals.erase(handle);
   return {};
 }
 

@@ -63,8 +63,7 @@ struct ExpandablePool::State {
         granule_shift(static_cast<unsigned>(std::countr_zero(granule))),
         bytes_limit(limit),
         small(*device, arena_options()),
-        large(*device, arena_options()),
-        holds_back(options.release_threshold == ExpandableOptions::kKeepAll) {
+        large(*device, arena_options()) {
     held.reserve(kHeldBlocks);
   }
 
@@ -107,7 +106,7 @@ struct ExpandablePool::State {
     Stream stream;
   };
   std::vector<Held> held;
-  const bool holds_back;
+  bool holds_back() const noexcept { return options.release_threshold == ExpandableOptions::kKeepAll; }
   pool::UsageCounters usage;
   // Idle release (options.idle_release): allocate and deallocate count their
   // calls; the reaper thread releases once the count stands still for the
@@ -185,6 +184,11 @@ struct ExpandablePool::State {
   /// Unmaps and releases free granules, oldest first, until at most `keep`
   /// bytes of them remain. Returns the bytes released.
   std::size_t release_free(std::size_t keep);
+  /// trim() and idle release: every free granule goes, held blocks' too.
+  std::size_t release_all() {
+    complete_held();
+    return release_free(0);
+  }
   Error out_of_memory(std::size_t requested, std::size_t rounded, std::size_t missing_granules);
 };
 
@@ -348,8 +352,7 @@ void ExpandablePool::State::reap() {
       seen = calls;
       quiet = 0;
     } else if (++quiet == kChecks) {
-      complete_held();
-      release_free(0);
+      release_all();
       quiet = 0;
     }
   }
@@ -495,7 +498,7 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
                                             ": not a pointer this pool handed out (it lies outside its "
                                             "address space)");
   }
-  if (!space->small && s.holds_back) {
+  if (!space->small && s.holds_back()) {
     const std::size_t bytes = s.large.live_size(ptr);
     if (bytes != 0 && !s.is_held(ptr)) {
       if (s.held.size() == kHeldBlocks) {
@@ -536,8 +539,7 @@ Stats ExpandablePool::stats() const {
 
 std::size_t ExpandablePool::trim() {
   std::lock_guard lock(state_->mutex);
-  state_->complete_held();
-  return state_->release_free(0);
+  return state_->release_all();
 }
 
 std::string ExpandablePool::dump() const {

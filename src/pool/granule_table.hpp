@@ -101,10 +101,7 @@ class GranuleTable {
       bool same = true;
       for (std::size_t id = first; id <= last; ++id) same &= freed_on_[id] == stream;
       if (!same) {
-        for (std::size_t id = first; id <= last; ++id) {
-          const Stream tag = freed_on_[id];
-          freed_on_[id] = tag == kNoStream || tag == stream ? stream : kManyStreams;
-        }
+        for (std::size_t id = first; id <= last; ++id) freed_on_[id] = merged(freed_on_[id], stream);
       }
     }
     std::size_t emptied = 0;
@@ -117,24 +114,15 @@ class GranuleTable {
     free_count_ += emptied;
     if (unqueued == 0) return;
     for (std::size_t id = first; id <= last; ++id) {
-      if (uses_[id] == 0 && mapped_flag_[id] != 0 && queued_[id] == 0) {
-        queued_[id] = 1;
-        queue_.push_back(static_cast<GranuleId>(id));
-      }
+      if (uses_[id] == 0 && mapped_flag_[id] != 0 && queued_[id] == 0) enqueue(static_cast<GranuleId>(id));
     }
   }
 
   void unuse_one(GranuleId id, Stream stream) {
-    if (stream != kNoStream) {
-      const Stream tag = freed_on_[id];
-      if (tag != stream) freed_on_[id] = tag == kNoStream ? stream : kManyStreams;
-    }
+    if (stream != kNoStream && freed_on_[id] != stream) freed_on_[id] = merged(freed_on_[id], stream);
     if (--uses_[id] != 0 || mapped_flag_[id] == 0) return;
     ++free_count_;
-    if (queued_[id] == 0) {
-      queued_[id] = 1;
-      queue_.push_back(id);
-    }
+    if (queued_[id] == 0) enqueue(id);
   }
 
   /// The free granule that has waited longest, or kNoGranule when none is free.
@@ -161,6 +149,15 @@ class GranuleTable {
   }
 
  private:
+  /// A free granule's tag once a block freed on `stream` overlapped it too.
+  static Stream merged(Stream tag, Stream stream) noexcept {
+    return tag == kNoStream || tag == stream ? stream : kManyStreams;
+  }
+  void enqueue(GranuleId id) {
+    queued_[id] = 1;
+    queue_.push_back(id);
+  }
+
   // One entry per granule in each.
   std::vector<PhysicalHandle> handle_;
   std::vector<Stream> freed_on_;
