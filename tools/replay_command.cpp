@@ -115,6 +115,10 @@ void add_replay_options(CLI::App& app, ReplayCommandOptions& options) {
   app.add_option("--html", options.html_path, "Write a self-contained HTML report to FILE");
   app.add_option("--perfetto", options.perfetto_path,
                  "Write Chrome/Perfetto trace events (live and reserved counters) to FILE");
+  app.add_option("--passes", options.passes,
+                 "Replay each trace N times through the same pool, freeing what is still live between "
+                 "passes; the table shows the last pass's device calls and ns/op (the warm pool)")
+      ->check(CLI::Range(std::uint32_t{1}, trace::kMaxPasses));
   app.add_flag("-q,--quiet", options.quiet, "Print no table and no progress, only errors");
   app.add_flag("--stats", options.stats,
                "Also print each pool's stats after the last event, side by side (memory_stats() names)");
@@ -130,6 +134,7 @@ int run_replay_command(const ReplayCommandOptions& options) {
   replay_options.config = *config;
   replay_options.find_min_capacity = options.min_capacity;
   replay_options.verify_contents = options.verify;
+  replay_options.passes = options.passes;
   if (!options.capacity.empty()) {
     auto capacity = parse_bytes(options.capacity);
     if (!capacity) return report_error(Error(Errc::invalid_argument, "--capacity: " + capacity.error().message()));

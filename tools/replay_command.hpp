@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct ReplayCommandOptions {
   std::string perfetto_path;
   bool quiet = false;
   bool stats = false;                  // also print each pool's stats, side by side
+  std::uint32_t passes = 1;            // replays of each trace through the same pool
 };
 
 /// Declares the options both subcommands share on `app`.

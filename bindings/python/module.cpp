@@ -136,17 +136,8 @@ py::dict mode_row(const trace::TraceReplay& replay, const trace::ModeReplay& mod
   row["address_high_water_bytes"] = py::cast(mode.address_high_water_bytes);
   row["min_capacity_bytes"] = py::cast(mode.min_capacity_bytes);
   row["min_capacity_ratio"] = mode.min_capacity_ratio();
-  const trace::DeviceCalls& calls = mode.device_calls;
   py::dict device_calls;
-  device_calls["allocs"] = calls.allocs;
-  device_calls["frees"] = calls.frees;
-  device_calls["creates"] = calls.creates;
-  device_calls["releases"] = calls.releases;
-  device_calls["maps"] = calls.maps;
-  device_calls["unmaps"] = calls.unmaps;
-  device_calls["reserves"] = calls.reserves;
-  device_calls["total"] = calls.total();
-  device_calls["device_ns"] = calls.device_ns;
+  for (const auto& [name, value] : mode.device_calls.items()) device_calls[py::str(std::string(name))] = value;
   row["device_calls"] = device_calls;
   row["ooms"] = mode.ooms;
   if (mode.first_oom) {

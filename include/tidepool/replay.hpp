@@ -5,12 +5,15 @@
 // explains every figure; the report layer prints them.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tidepool/allocator.hpp"
@@ -43,6 +46,10 @@ struct ReplayOptions {
   bool verify_contents = false;
   /// The most points of the downsampled (event or time, live, reserved) series.
   std::size_t max_series_points = 2000;
+  /// Times the trace is replayed through the same pool (1 to kMaxPasses).
+  /// Blocks still live at the end of a pass are freed before the next, so
+  /// later passes show the pool warm: ModeReplay::passes has one entry each.
+  std::uint32_t passes = 1;
   /// Optional progress callback (see ProgressFn); may be empty.
   ProgressFn progress;
 };
@@ -55,6 +62,9 @@ struct SeriesPoint {
   std::uint64_t reserved_bytes = 0;   // bytes held from the device
 };
 
+/// The most passes a replay makes (ReplayOptions::passes).
+inline constexpr std::uint32_t kMaxPasses = 1000;
+
 /// Device calls the pool made during the replay (CountingDevice), set-up
 /// included (preallocate's one region is one alloc).
 struct DeviceCalls {
@@ -65,11 +75,36 @@ struct DeviceCalls {
   std::uint64_t maps = 0;      // map()
   std::uint64_t unmaps = 0;    // unmap()
   std::uint64_t reserves = 0;  // reserve(): address space only
+  /// synchronize(): a stream waited for before memory it freed serves
+  /// another stream (on a GPU, the expensive part of a cross-stream reuse).
+  std::uint64_t syncs = 0;
   /// Host time spent inside device calls, nanoseconds.
   std::uint64_t device_ns = 0;
 
   std::uint64_t total() const noexcept {
-    return allocs + frees + creates + releases + maps + unmaps + reserves;
+    return allocs + frees + creates + releases + maps + unmaps + reserves + syncs;
+  }
+  /// Every field by its report name, total() included: what JSON, Python
+  /// and the tables serialize.
+  std::array<std::pair<std::string_view, std::uint64_t>, 10> items() const noexcept {
+    return {{{"allocs", allocs}, {"frees", frees}, {"creates", creates}, {"releases", releases},
+             {"maps", maps}, {"unmaps", unmaps}, {"reserves", reserves}, {"syncs", syncs},
+             {"total", total()}, {"device_ns", device_ns}}};
+  }
+  /// The calls made between two readings: later minus earlier.
+  DeviceCalls since(const DeviceCalls& earlier) const noexcept;
+};
+
+/// One pass of a replay (ReplayOptions::passes).
+struct PassReplay {
+  DeviceCalls device_calls;            // made during this pass's events
+  std::uint64_t events = 0;            // alloc and free events replayed
+  std::uint64_t replay_ns = 0;         // host time of this pass's event loop
+  std::uint64_t peak_reserved_bytes = 0;
+  std::uint64_t ooms = 0;
+
+  double ns_per_op() const noexcept {
+    return events == 0 ? 0.0 : static_cast<double>(replay_ns) / static_cast<double>(events);
   }
 };
 
@@ -104,6 +139,8 @@ struct ModeReplay {
   std::optional<std::uint64_t> min_capacity_bytes;
   std::uint32_t min_capacity_probes = 0;   // replays the search made
   DeviceCalls device_calls;
+  /// Each pass's own figures, in order; the fields above cover all of them.
+  std::vector<PassReplay> passes;
   std::uint64_t ooms = 0;                  // allocations refused (their frees skipped)
   std::optional<FirstOom> first_oom;
   std::uint64_t replay_ns = 0;             // host time of the event loop (set-up excluded)

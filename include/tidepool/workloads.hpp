@@ -18,7 +18,9 @@ struct WorkloadInfo {
   std::string_view description;
 };
 
-/// The built-in workloads: "train-step", "llm-inference", "small-tensors".
+/// The built-in workloads: "train-step", "llm-inference", "small-tensors",
+/// and three that stress a pool where it is weakest: "multi-stream-inference",
+/// "near-capacity", "random-mixed".
 const std::vector<WorkloadInfo>& workloads();
 
 struct WorkloadOptions {

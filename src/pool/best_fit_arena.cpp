@@ -64,6 +64,7 @@ ChunkId BestFitArena::split_front(ChunkId id, std::size_t bytes) {
   front.address = rest.address;
   front.size = bytes;
   front.stream = rest.stream;
+  front.freed_at = rest.freed_at;
   front.in_use = false;
   front.prev = rest.prev;
   front.next = id;
@@ -92,6 +93,7 @@ void BestFitArena::merge(ChunkId lower, ChunkId upper) {
   low.next = up.next;
   if (up.next != kNoChunk) chunks_[up.next].prev = lower;
   if (low.stream == kNoStream) low.stream = up.stream;
+  low.freed_at = std::max(low.freed_at, up.freed_at);
   chunks_.destroy(upper);
 }
 
@@ -101,6 +103,10 @@ void BestFitArena::coalesce_and_insert(ChunkId id) {
   const ChunkId next = chunk.next;
   const bool prev_free = prev != kNoChunk && !chunks_[prev].in_use;
   const bool next_free = next != kNoChunk && !chunks_[next].in_use;
+  // A neighbour whose stream was synchronized since its free waits for
+  // nothing: untagged, it merges with anything.
+  if (prev_free && !waits(chunks_[prev])) chunks_[prev].stream = kNoStream;
+  if (next_free && !waits(chunks_[next])) chunks_[next].stream = kNoStream;
   const bool with_prev = prev_free && streams_compatible(chunks_[prev].stream, chunk.stream);
   const bool with_next = next_free && streams_compatible(chunk.stream, chunks_[next].stream);
   unmerged_pairs_ += static_cast<std::size_t>(prev_free && !with_prev) + (next_free && !with_next);
@@ -116,11 +122,13 @@ void BestFitArena::coalesce_and_insert(ChunkId id) {
       Chunk& up = chunks_[next];
       bins_.remove(chunks_, next);
       size += up.size;
+      low.freed_at = std::max(low.freed_at, up.freed_at);
       low.next = up.next;
       if (up.next != kNoChunk) chunks_[up.next].prev = prev;
       chunks_.destroy(next);
     }
     low.stream = chunk.stream;  // the others are kNoStream or the same stream
+    low.freed_at = std::max(low.freed_at, chunk.freed_at);
     chunks_.destroy(id);
     bins_.resize(chunks_, prev, size);
   } else if (with_next) {
@@ -129,6 +137,7 @@ void BestFitArena::coalesce_and_insert(ChunkId id) {
     up.address = chunk.address;
     up.prev = prev;
     up.stream = chunk.stream;
+    up.freed_at = std::max(up.freed_at, chunk.freed_at);
     relink_below(prev, chunk.address, next);
     const std::size_t size = up.size + chunk.size;
     chunks_.destroy(id);
@@ -138,7 +147,24 @@ void BestFitArena::coalesce_and_insert(ChunkId id) {
   }
 }
 
-Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
+ChunkId BestFitArena::split_back(ChunkId id, std::size_t bytes) {
+  const ChunkId back_id = chunks_.create();  // may move records: index after it
+  Chunk& rest = chunks_[id];
+  Chunk& back = chunks_[back_id];
+  back.address = rest.end() - bytes;
+  back.size = bytes;
+  back.stream = rest.stream;
+  back.freed_at = rest.freed_at;
+  back.in_use = false;
+  back.prev = id;
+  back.next = rest.next;
+  if (rest.next != kNoChunk) chunks_[rest.next].prev = back_id;
+  rest.next = back_id;
+  bins_.resize(chunks_, id, rest.size - bytes);
+  return back_id;
+}
+
+Expected<ChunkId> BestFitArena::find_fitting(std::size_t bytes) {
   ChunkId id = bins_.find(chunks_, bytes);
   if (id == kNoChunk && unmerged_pairs_ > 0) {
     // Neighbours kept apart by stream tags may together be large enough.
@@ -146,18 +172,21 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
     if (!settled) return std::move(settled).error();
     id = bins_.find(chunks_, bytes);
   }
-  if (id == kNoChunk) return MemoryRange{};
+  return id;
+}
 
+Expected<MemoryRange> BestFitArena::take(ChunkId id, std::size_t bytes, Stream stream, bool at_end) {
   Chunk* chunk = &chunks_[id];
-  if (chunk->stream != stream && chunk->stream != kNoStream) {
+  if (must_wait(*chunk, stream)) {
     // Work queued on the freeing stream may still touch this memory.
     Status synced = device_.synchronize(chunk->stream);
     if (!synced) return std::move(synced).error();
-    chunk->stream = kNoStream;
+    synchronized(chunk->stream);
   }
+  if (chunk->stream != stream) chunk->stream = kNoStream;
   if (should_split(chunk->size, bytes)) {
-    // The front is handed out; the rest keeps the record (and usually its bin).
-    id = split_front(id, bytes);
+    // The part handed out gets a new record; the rest keeps the old one (and usually its bin).
+    id = at_end ? split_back(id, bytes) : split_front(id, bytes);
     chunk = &chunks_[id];
   } else {
     bins_.remove(chunks_, id);
@@ -168,6 +197,61 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
   return MemoryRange{chunk->pointer(), chunk->size};
 }
 
+bool BestFitArena::waits(const Chunk& chunk) const noexcept {
+  if (chunk.stream == kNoStream) return false;
+  for (const auto& [synced, at] : synchronized_) {
+    if (synced == chunk.stream) return chunk.freed_at > at;
+  }
+  return true;
+}
+
+void BestFitArena::synchronized(Stream stream) {
+  for (auto& [synced, at] : synchronized_) {
+    if (synced == stream) {
+      at = frees_;
+      return;
+    }
+  }
+  synchronized_.emplace_back(stream, frees_);
+}
+
+Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
+  Expected<ChunkId> id = find_fitting(bytes);
+  if (!id) return std::move(id).error();
+  if (*id == kNoChunk) return MemoryRange{};
+  return take(*id, bytes, stream, false);
+}
+
+Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, const PlacementCost& cost) {
+  Expected<ChunkId> fit = find_fitting(bytes);
+  if (!fit) return std::move(fit).error();
+  if (*fit == kNoChunk) return MemoryRange{};
+  struct Placement {
+    ChunkId id;
+    bool at_end;
+    std::size_t score;
+  };
+  auto place = [&](ChunkId id) {
+    const Chunk& chunk = chunks_[id];
+    const std::size_t sync = must_wait(chunk, stream) ? 1 : 0;
+    const std::size_t front = 2 * cost.cost(chunk.address, bytes) + sync;
+    if (front == sync || !should_split(chunk.size, bytes)) return Placement{id, false, front};
+    const std::size_t back = 2 * cost.cost(chunk.end() - bytes, bytes) + sync;
+    return back < front ? Placement{id, true, back} : Placement{id, false, front};
+  };
+  Placement best = place(*fit);
+  if (best.score != 0) {
+    std::size_t looked = 0;
+    bins_.visit_fitting(chunks_, bytes, [&](ChunkId id) {
+      if (id == *fit) return true;
+      const Placement here = place(id);
+      if (here.score < best.score) best = here;
+      return best.score != 0 && ++looked < kPlacementCandidates;
+    });
+  }
+  return take(best.id, bytes, stream, best.at_end);
+}
+
 Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   const ChunkId id = live_.take(address);
@@ -176,6 +260,7 @@ Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {
   const std::size_t size = chunk.size;
   chunk.in_use = false;
   chunk.stream = stream;
+  chunk.freed_at = ++frees_;
   coalesce_and_insert(id);
   return size;
 }
@@ -238,6 +323,7 @@ Status BestFitArena::settle_streams() {
   for (Stream stream : pending) {
     Status synced = device_.synchronize(stream);
     if (!synced) return synced;
+    synchronized(stream);
   }
   for (const Region& region : regions_) {
     for (ChunkId id = region.first; id != kNoChunk; id = chunks_[id].next) {

@@ -33,6 +33,15 @@ struct MemoryRange {
   std::size_t bytes = 0;
 };
 
+/// What placing a block costs the arena's owner beyond the arena's own work
+/// (ExpandablePool: the granules it would have to map there).
+class PlacementCost {
+ public:
+  virtual ~PlacementCost() = default;
+  /// [base, base + bytes) lies in one free chunk. 0: nothing to do.
+  virtual std::size_t cost(std::uintptr_t base, std::size_t bytes) const noexcept = 0;
+};
+
 class BestFitArena {
  public:
   /// `device` is used only for Device::synchronize, when memory freed on one
@@ -52,6 +61,16 @@ class BestFitArena {
   /// chunk is large enough. If the chunk was last freed on another stream
   /// that stream is synchronized first; an error is that call's failure.
   Expected<MemoryRange> allocate(std::size_t bytes, Stream stream);
+
+  /// Free chunks looked at beyond the best fit when that one costs anything.
+  static constexpr std::size_t kPlacementCandidates = 64;
+  /// As allocate(), but places the block where it costs least: its owner's
+  /// `cost` twice (a granule to map is an unmap and a map, or a create and a
+  /// map) plus one when a stream must be synchronized. The candidates are
+  /// the start and the end of the best-fitting free chunk and, unless that
+  /// costs nothing, of up to kPlacementCandidates other fitting chunks in
+  /// best-fit order; ties go to the better fit.
+  Expected<MemoryRange> allocate(std::size_t bytes, Stream stream, const PlacementCost& cost);
 
   /// ptr was returned by allocate() and not freed since; `stream` is the
   /// stream whose queued work may still use it. Returns the chunk's size.
@@ -89,6 +108,25 @@ class BestFitArena {
   };
 
   bool should_split(std::size_t chunk_size, std::size_t bytes) const noexcept;
+  /// The best-fitting free chunk, merging stream-separated neighbours first
+  /// when none fits; kNoChunk when none does even then.
+  Expected<ChunkId> find_fitting(std::size_t bytes);
+  /// Hands out free chunk `id` (in its bin, at least `bytes`) for `stream`:
+  /// its front, or its back when `at_end`, split off if worth it.
+  Expected<MemoryRange> take(ChunkId id, std::size_t bytes, Stream stream, bool at_end);
+  /// Whether work on the stream that freed `chunk` may still touch it: it is
+  /// tagged, and that stream was not synchronized since.
+  bool waits(const Chunk& chunk) const noexcept;
+  /// Whether handing free chunk `chunk` to `stream` must first synchronize
+  /// the stream that freed it.
+  bool must_wait(const Chunk& chunk, Stream stream) const noexcept {
+    return chunk.stream != stream && waits(chunk);
+  }
+  /// `stream` was synchronized: memory it freed so far waits for nothing.
+  void synchronized(Stream stream);
+  /// Cuts `bytes` off the back of free chunk `id` (in its bin) as a new free
+  /// chunk in no bin, and returns it; `id` keeps the rest.
+  ChunkId split_back(ChunkId id, std::size_t bytes);
   /// Cuts `bytes` off the front of free chunk `id` (in its bin) as a new free
   /// chunk in no bin, and returns it; `id` keeps the rest.
   ChunkId split_front(ChunkId id, std::size_t bytes);
@@ -120,6 +158,11 @@ class BestFitArena {
   std::vector<MemoryRange> region_ranges_;  // the same, for callers
   std::size_t region_bytes_ = 0;
   std::size_t unmerged_pairs_ = 0;  // free neighbours kept apart by stream tags
+  std::uint64_t frees_ = 0;         // free() calls so far: Chunk::freed_at
+  /// Per stream synchronized: frees_ at its last synchronize. One sync
+  /// clears every chunk the stream freed before it, so a stream's memory
+  /// passing to other streams costs one sync, not one per chunk.
+  std::vector<std::pair<Stream, std::uint64_t>> synchronized_;
 };
 
 }  // namespace tidepool::pool

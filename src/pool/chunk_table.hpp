@@ -29,6 +29,9 @@ struct Chunk {
   // Free: the stream whose queued work may still use the memory (kNoStream:
   // none). In use: the stream it was allocated on.
   Stream stream = kNoStream;
+  /// Free: the arena's count of frees when it was freed (the latest, for a
+  /// chunk merged from several), to tell whether a synchronize came after.
+  std::uint64_t freed_at = 0;
   std::uint32_t bin = 0;  // valid while free
   bool in_use = false;
 

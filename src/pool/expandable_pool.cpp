@@ -171,9 +171,10 @@ struct ExpandablePool::State {
   }
   /// Waits for the work that may still touch free granule `id`.
   Status settle(GranuleId id);
-  /// Unmaps the free granule that has waited longest (free_count() > 0); its
-  /// handle is the caller's to map again or release.
-  Expected<PhysicalHandle> unmap_oldest_free();
+  /// Unmaps free granule `id`; its handle is the caller's to map again or
+  /// release. Steals take the free granule at the highest address (see
+  /// back()), releases the one that has waited longest.
+  Expected<PhysicalHandle> unmap_free(GranuleId id);
   /// Gives an unmapped granule's handle back to the device. A failed release
   /// leaves the memory with the device's accounting; the pool no longer holds
   /// it either way.
@@ -190,6 +191,18 @@ struct ExpandablePool::State {
     return release_free(0);
   }
   Error out_of_memory(std::size_t requested, std::size_t rounded, std::size_t missing_granules);
+
+  /// The arenas place a block where it needs the fewest granules mapped, so
+  /// that memory already mapped is used before any is stolen or created.
+  struct GranulesToMap final : pool::PlacementCost {
+    explicit GranulesToMap(const State& state) : s(state) {}
+    std::size_t cost(std::uintptr_t base, std::size_t bytes) const noexcept override {
+      const Space& space = *s.space_of(base);
+      return s.granules.unmapped_in(s.granule_of(space, base), s.granule_of(space, base + bytes - 1));
+    }
+    const State& s;
+  };
+  const GranulesToMap placement_cost{*this};
 };
 
 Status ExpandablePool::State::add_space(std::size_t bytes, bool for_small) {
@@ -219,19 +232,18 @@ Status ExpandablePool::State::settle(GranuleId id) {
   return {};
 }
 
-Expected<PhysicalHandle> ExpandablePool::State::unmap_oldest_free() {
-  const GranuleId id = granules.oldest_free();
+Expected<PhysicalHandle> ExpandablePool::State::unmap_free(GranuleId id) {
   if (Status settled = settle(id); !settled) return std::move(settled).error();
   Status unmapped = device->unmap(address_of(id), granule);
   if (!unmapped) return std::move(unmapped).error();
   ++unmaps;
-  return granules.take_oldest_free();
+  return granules.take_free(id);
 }
 
 std::size_t ExpandablePool::State::release_free(std::size_t keep) {
   std::size_t released = 0;
   while (free_granule_bytes() > keep) {
-    Expected<PhysicalHandle> handle = unmap_oldest_free();
+    Expected<PhysicalHandle> handle = unmap_free(granules.oldest_free());
     if (!handle) break;  // the device refused: keep the rest cached
     release_handle(*handle);
     released += granule;
@@ -296,7 +308,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       // kernel mapping, and unmaps piling up before one map would pass the
       // mapping budget unchecked.
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
-      Expected<PhysicalHandle> stolen = unmap_oldest_free();
+      Expected<PhysicalHandle> stolen = unmap_free(granules.highest_free());
       if (!stolen) return abandon(std::move(stolen).error());
       run_first = id;
       run.push_back(*stolen);
@@ -463,13 +475,13 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     s.complete_held();  // so the arena places this block knowing all free space
   }
 
-  Expected<pool::MemoryRange> block = arena.allocate(rounded, stream);
+  Expected<pool::MemoryRange> block = arena.allocate(rounded, stream, s.placement_cost);
   if (!block) return std::move(block).error();
   if (block->base == nullptr) {
     // This part of the address space is used up or split: reserve more.
     const std::size_t more = std::max(round_up(rounded, s.granule), s.bytes_limit);
     if (Status grown = s.add_space(more, small); !grown) return std::move(grown).error();
-    block = arena.allocate(rounded, stream);
+    block = arena.allocate(rounded, stream, s.placement_cost);
     if (!block) return std::move(block).error();
     if (block->base == nullptr) {
       return Error(Errc::invalid_argument, "expandable pool: no " + format_bytes(rounded) +

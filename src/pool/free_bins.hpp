@@ -65,6 +65,19 @@ class FreeBins {
     return smallest_fitting(chunks, bin, size);
   }
 
+  /// Calls visit(id) for each free chunk of at least `size` bytes, bin by
+  /// bin from the smallest that can fit, until visit returns false. visit
+  /// must not change the bins.
+  template <class Visit>
+  void visit_fitting(const ChunkTable& chunks, std::size_t size, Visit&& visit) const {
+    for (std::size_t bin = bitmap_.first_at_or_after(SizeBins::bin_of(size)); bin != BinBitmap::kNone;
+         bin = bitmap_.first_at_or_after(bin + 1)) {
+      for (ChunkId id = heads_[bin]; id != kNoChunk; id = chunks[id].free_next) {
+        if (chunks[id].size >= size && !visit(id)) return;
+      }
+    }
+  }
+
   /// The size of the largest free chunk, or 0.
   std::size_t largest(const ChunkTable& chunks) const noexcept {
     const std::size_t bin = bitmap_.last();

@@ -1,8 +1,8 @@
 // The physical side of ExpandablePool: one record per granule of reserved
 // address space, saying whether a physical handle is mapped there and how many
-// live blocks overlap it, and a queue of the mapped granules no block uses,
-// roughly in the order they emptied (oldest first: the first to steal or
-// release). The queue is lazy, so that the cached path costs a counter per
+// live blocks overlap it, and the mapped granules no block uses two ways: a
+// bitmap, whose highest is the one to steal, and a queue roughly in the order
+// they emptied (oldest first: the first to release). The queue is lazy, so that the cached path costs a counter per
 // granule: a granule used again stays queued and is skipped when it reaches
 // the front, and one freed again while still queued keeps its place.
 //
@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <bit>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -30,6 +32,51 @@ inline constexpr GranuleId kNoGranule = std::numeric_limits<GranuleId>::max();
 /// The tag of a free granule whose blocks were freed on more than one stream.
 inline constexpr Stream kManyStreams = kNoStream - 1;
 
+/// One bit per granule, with a summary bit per word, so that the highest set
+/// bit is found in a few word reads however many granules there are.
+class GranuleBits {
+ public:
+  void resize(std::size_t count) {
+    words_.resize((count + 63) / 64, 0);
+    summary_.resize((words_.size() + 63) / 64, 0);
+  }
+  void set(std::size_t id) noexcept {
+    words_[id / 64] |= bit(id % 64);
+    summary_[id / 4096] |= bit(id / 64 % 64);
+  }
+  void clear(std::size_t id) noexcept {
+    std::uint64_t& word = words_[id / 64];
+    word &= ~bit(id % 64);
+    if (word == 0) summary_[id / 4096] &= ~bit(id / 64 % 64);
+  }
+  /// Clears every bit of [first, last].
+  void clear_range(std::size_t first, std::size_t last) noexcept {
+    for (std::size_t w = first / 64; w <= last / 64; ++w) {
+      const std::size_t low = w == first / 64 ? first % 64 : 0;
+      const std::size_t high = w == last / 64 ? last % 64 : 63;
+      const std::uint64_t mask = (~std::uint64_t{0} >> (63 - high)) & (~std::uint64_t{0} << low);
+      if ((words_[w] & mask) == 0) continue;
+      words_[w] &= ~mask;
+      if (words_[w] == 0) summary_[w / 64] &= ~bit(w % 64);
+    }
+  }
+  /// The highest set bit, or kNoBit.
+  static constexpr std::size_t kNoBit = SIZE_MAX;
+  std::size_t highest() const noexcept {
+    for (std::size_t s = summary_.size(); s-- > 0;) {
+      if (summary_[s] == 0) continue;
+      const std::size_t w = s * 64 + 63 - static_cast<std::size_t>(std::countl_zero(summary_[s]));
+      return w * 64 + 63 - static_cast<std::size_t>(std::countl_zero(words_[w]));
+    }
+    return kNoBit;
+  }
+
+ private:
+  static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
+  std::vector<std::uint64_t> words_;
+  std::vector<std::uint64_t> summary_;
+};
+
 class GranuleTable {
  public:
   /// Appends `count` unmapped granules; returns the id of the first.
@@ -41,6 +88,7 @@ class GranuleTable {
     uses_.resize(size, 0);
     mapped_flag_.resize(size, 0);
     queued_.resize(size, 0);
+    free_bits_.resize(size);
     return first;
   }
 
@@ -55,6 +103,13 @@ class GranuleTable {
   /// Mapped granules no live block overlaps.
   std::size_t free_count() const noexcept { return free_count_; }
 
+  /// How many granules of [first, last] have no physical memory mapped.
+  std::size_t unmapped_in(GranuleId first, GranuleId last) const noexcept {
+    std::size_t mapped = 0;
+    for (std::size_t id = first; id <= last; ++id) mapped += mapped_flag_[id];
+    return last - first + 1 - mapped;
+  }
+
   /// One more live block overlaps every granule of [first, last]. Returns how
   /// many of them are unmapped: the caller maps each (set_mapped) or gives the
   /// uses back (unuse_range).
@@ -64,7 +119,10 @@ class GranuleTable {
         ++uses_[first];
         return 1;
       }
-      if (uses_[first]++ == 0) --free_count_;
+      if (uses_[first]++ == 0) {
+        --free_count_;
+        free_bits_.clear(first);
+      }
       return 0;
     }
     std::size_t unmapped = 0;
@@ -75,7 +133,10 @@ class GranuleTable {
       taken += mapped & static_cast<std::uint32_t>(uses_[id] == 0);
       ++uses_[id];
     }
-    free_count_ -= taken;
+    if (taken != 0) {
+      free_count_ -= taken;
+      free_bits_.clear_range(first, last);
+    }
     return unmapped;
   }
 
@@ -105,16 +166,15 @@ class GranuleTable {
       }
     }
     std::size_t emptied = 0;
-    std::uint32_t unqueued = 0;  // emptied granules not in the queue yet
     for (std::size_t id = first; id <= last; ++id) {
-      const std::uint32_t empty = static_cast<std::uint32_t>(--uses_[id] == 0) & mapped_flag_[id];
-      emptied += empty;
-      unqueued |= empty & (queued_[id] ^ 1u);
+      emptied += static_cast<std::uint32_t>(--uses_[id] == 0) & mapped_flag_[id];
     }
+    if (emptied == 0) return;
     free_count_ += emptied;
-    if (unqueued == 0) return;
     for (std::size_t id = first; id <= last; ++id) {
-      if (uses_[id] == 0 && mapped_flag_[id] != 0 && queued_[id] == 0) enqueue(static_cast<GranuleId>(id));
+      if (uses_[id] != 0 || mapped_flag_[id] == 0) continue;
+      free_bits_.set(id);
+      if (queued_[id] == 0) enqueue(static_cast<GranuleId>(id));
     }
   }
 
@@ -122,6 +182,7 @@ class GranuleTable {
     if (stream != kNoStream && freed_on_[id] != stream) freed_on_[id] = merged(freed_on_[id], stream);
     if (--uses_[id] != 0 || mapped_flag_[id] == 0) return;
     ++free_count_;
+    free_bits_.set(id);
     if (queued_[id] == 0) enqueue(id);
   }
 
@@ -135,14 +196,19 @@ class GranuleTable {
     }
     return kNoGranule;
   }
-  /// Unmaps oldest_free() in the table (the caller has unmapped it on the
+  /// The free granule at the highest address, or kNoGranule when none is
+  /// free: the one to steal (see ExpandablePool's placement).
+  GranuleId highest_free() const noexcept {
+    const std::size_t id = free_bits_.highest();
+    return id == GranuleBits::kNoBit ? kNoGranule : static_cast<GranuleId>(id);
+  }
+  /// Unmaps free granule `id` in the table (the caller has unmapped it on the
   /// device); its handle is returned for the caller to map again or release.
-  PhysicalHandle take_oldest_free() noexcept {
-    const GranuleId id = oldest_free();
-    queue_.pop_front();
-    queued_[id] = 0;
+  /// A queue entry for it goes stale, to be skipped.
+  PhysicalHandle take_free(GranuleId id) noexcept {
     mapped_flag_[id] = 0;
     freed_on_[id] = kNoStream;
+    free_bits_.clear(id);
     --free_count_;
     --mapped_;
     return handle_[id];
@@ -164,6 +230,7 @@ class GranuleTable {
   std::vector<std::uint32_t> uses_;         // live blocks that overlap it
   std::vector<std::uint8_t> mapped_flag_;   // a handle is mapped there
   std::vector<std::uint8_t> queued_;        // in queue_ (perhaps stale: used again since)
+  GranuleBits free_bits_;                   // mapped granules no block uses
   std::deque<GranuleId> queue_;
   std::size_t mapped_ = 0;
   std::size_t free_count_ = 0;

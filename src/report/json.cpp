@@ -29,6 +29,12 @@ Json optional_json(const std::optional<T>& value) {
   return value ? Json(*value) : Json(nullptr);
 }
 
+Json calls_json(const trace::DeviceCalls& calls) {
+  Json out;
+  for (const auto& [name, value] : calls.items()) out[std::string(name)] = value;
+  return out;
+}
+
 Json mode_json(const trace::ModeReplay& mode) {
   Json out;
   out["mode"] = mode_label(mode);
@@ -45,12 +51,15 @@ Json mode_json(const trace::ModeReplay& mode) {
   out["min_capacity_bytes"] = optional_json(mode.min_capacity_bytes);
   out["min_capacity_ratio"] = mode.min_capacity_bytes ? Json(mode.min_capacity_ratio()) : Json(nullptr);
   out["min_capacity_probes"] = mode.min_capacity_probes;
-  const trace::DeviceCalls& calls = mode.device_calls;
-  out["device_calls"] = Json{{"allocs", calls.allocs},       {"frees", calls.frees},
-                             {"creates", calls.creates},     {"releases", calls.releases},
-                             {"maps", calls.maps},           {"unmaps", calls.unmaps},
-                             {"reserves", calls.reserves},   {"total", calls.total()},
-                             {"device_ns", calls.device_ns}};
+  out["device_calls"] = calls_json(mode.device_calls);
+  Json passes = Json::array();
+  for (const trace::PassReplay& pass : mode.passes) {
+    passes.push_back(Json{{"device_calls", calls_json(pass.device_calls)},
+                          {"ns_per_op", pass.ns_per_op()},
+                          {"peak_reserved_bytes", pass.peak_reserved_bytes},
+                          {"ooms", pass.ooms}});
+  }
+  out["passes"] = std::move(passes);
   out["ooms"] = mode.ooms;
   if (mode.first_oom) {
     const trace::FirstOom& oom = *mode.first_oom;

@@ -41,11 +41,18 @@ TableText table_text(const trace::TraceReplay& replay) {
   }
   table.heading += fmt::format("; device {}, fraction {:.2f}; peak live {}", bytes_text(capacity),
                                replay.mem_fraction, bytes_text(peak_live));
+  // With several passes, device calls and ns/op are the last pass's: the warm pool.
+  const std::size_t passes = replay.modes.empty() ? 1 : replay.modes.front().passes.size();
+  if (passes > 1) {
+    table.heading += fmt::format("; {} passes, device calls and ns/op of the last", passes);
+  }
   table.rows.push_back({"mode", "peak reserved", "avg reserved", "reserved/live", "high-water",
-                        "min capacity (x live)", "dev allocs", "dev frees", "maps", "unmaps", "OOMs",
-                        "ns/op"});
+                        "min capacity (x live)", "dev allocs", "dev frees", "maps", "unmaps", "syncs",
+                        "OOMs", "ns/op"});
   for (const trace::ModeReplay& mode : replay.modes) {
-    const trace::DeviceCalls& calls = mode.device_calls;
+    const bool warm = mode.passes.size() > 1;
+    const trace::DeviceCalls& calls = warm ? mode.passes.back().device_calls : mode.device_calls;
+    const double ns_per_op = warm ? mode.passes.back().ns_per_op() : mode.ns_per_op();
     table.rows.push_back({
         mode_label(mode),
         bytes_text(mode.peak_reserved_bytes),
@@ -59,15 +66,16 @@ TableText table_text(const trace::TraceReplay& replay) {
         std::to_string(calls.frees + calls.releases),
         std::to_string(calls.maps),
         std::to_string(calls.unmaps),
+        std::to_string(calls.syncs),
         std::to_string(mode.ooms),
-        fmt::format("{:.1f}", mode.ns_per_op()),
+        fmt::format("{:.1f}", ns_per_op),
     });
   }
   if (replay.recorded) {
     const trace::RecordedReplay& recorded = *replay.recorded;
     table.rows.push_back({recorded.label, bytes_text(recorded.peak_reserved_bytes),
                           bytes_text(static_cast<std::uint64_t>(recorded.average_reserved_bytes)),
-                          ratio_text(recorded.fragmentation), "-", "-", "-", "-", "-", "-", "-", "-"});
+                          ratio_text(recorded.fragmentation), "-", "-", "-", "-", "-", "-", "-", "-", "-"});
   }
   for (const trace::ModeReplay& mode : replay.modes) {
     if (!mode.first_oom) continue;

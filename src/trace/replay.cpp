@@ -215,9 +215,28 @@ struct RunFlags {
 
 constexpr std::uint64_t kProgressEvery = std::uint64_t{1} << 16;
 
-/// One replay of `trace` under `mode` on a device of `capacity_bytes`.
+DeviceCalls calls_of(const DeviceCounters& counts) {
+  DeviceCalls calls;
+  calls.allocs = counts.allocate.calls;
+  calls.frees = counts.free.calls;
+  calls.creates = counts.create.calls;
+  calls.releases = counts.release.calls;
+  calls.maps = counts.map.calls;
+  calls.unmaps = counts.unmap.calls;
+  calls.reserves = counts.reserve.calls;
+  calls.syncs = counts.synchronize.calls;
+  calls.device_ns = counts.total_nanoseconds();
+  return calls;
+}
+
+/// One replay of `trace` under `mode` on a device of `capacity_bytes`:
+/// options.passes passes through the same pool.
 Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_bytes,
                          const ReplayOptions& options, const RunFlags& flags) {
+  if (options.passes == 0 || options.passes > kMaxPasses) {
+    return Error(Errc::invalid_argument, "replay passes " + std::to_string(options.passes) +
+                                             " is out of range; allowed: 1 to " + std::to_string(kMaxPasses));
+  }
   auto made = make_stack(mode, capacity_bytes, options.config);
   if (!made) return std::move(made).error();
   Stack& stack = *made;
@@ -232,14 +251,18 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
   const std::vector<Event>& events = trace.events;
   const bool timed = trace_is_timed(trace);
   std::vector<void*> pointers(trace.num_blocks, nullptr);
+  std::vector<Stream> streams(trace.num_blocks, kDefaultStream);  // each live block's alloc stream
   // Per lifetime: where it is. A refused one's free is skipped.
   enum BlockState : std::uint8_t { kNotStarted, kLive, kFreed, kRefused };
   std::vector<std::uint8_t> state(trace.num_blocks, kNotStarted);
 
-  SeriesSampler sampler(result.series, flags.collect_series ? events.size() : 0,
+  SeriesSampler sampler(result.series, flags.collect_series ? events.size() * options.passes : 0,
                         options.max_series_points);
   StepAverage average(timed);
   const std::int64_t first_x = events.empty() ? 0 : (timed ? events.front().time_us : 0);
+  // Pass p's x values follow pass p - 1's: the series reads as one run.
+  const std::int64_t pass_span =
+      events.empty() ? 0 : (timed ? events.back().time_us - first_x + 1 : static_cast<std::int64_t>(events.size()));
   const std::uint64_t initial_reserved = counting.counters().bytes_held;
   result.initial_reserved_bytes = initial_reserved;
   if (flags.collect_series) sampler.start(first_x, 0, initial_reserved);
@@ -250,107 +273,138 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
   std::uint64_t reserved = initial_reserved;
   std::uint64_t seen_calls = probe.holding_calls();
   std::uintptr_t highest_end = 0;
-  std::uint64_t replayed = 0;
+  std::uint64_t done = 0;  // events of earlier passes, for progress
 
-  const auto started = std::chrono::steady_clock::now();
-  for (std::size_t index = 0; index < events.size(); ++index) {
-    const Event& event = events[index];
-    if (event.op == Op::alloc || event.op == Op::free) {
-      if (event.block >= trace.num_blocks) {
-        return Error(Errc::corrupt_data,
-                     "trace '" + trace.name + "' event " + std::to_string(index) + " names block " +
-                         std::to_string(event.block) + " but the trace has only " +
-                         std::to_string(trace.num_blocks) + " blocks");
-      }
-      ++replayed;
-    }
-    switch (event.op) {
-      case Op::alloc: {
-        if (state[event.block] != kNotStarted) {
-          return Error(Errc::corrupt_data, "trace '" + trace.name + "' event " +
-                                               std::to_string(index) + " allocates block " +
-                                               std::to_string(event.block) + " a second time");
+  for (std::uint32_t pass_index = 0; pass_index < options.passes; ++pass_index) {
+    PassReplay pass;
+    pass.peak_reserved_bytes = reserved;
+    const DeviceCalls calls_before = calls_of(counting.counters());
+    const std::int64_t x_offset = pass_span * pass_index;
+    std::fill(state.begin(), state.end(), kNotStarted);
+
+    const auto started = std::chrono::steady_clock::now();
+    for (std::size_t index = 0; index < events.size(); ++index) {
+      const Event& event = events[index];
+      if (event.op == Op::alloc || event.op == Op::free) {
+        if (event.block >= trace.num_blocks) {
+          return Error(Errc::corrupt_data,
+                       "trace '" + trace.name + "' event " + std::to_string(index) + " names block " +
+                           std::to_string(event.block) + " but the trace has only " +
+                           std::to_string(trace.num_blocks) + " blocks");
         }
-        auto allocated = pool.allocate(static_cast<std::size_t>(event.bytes), event.stream);
-        if (!allocated) {
-          if (allocated.error().code() != Errc::out_of_memory) return std::move(allocated).error();
-          ++result.ooms;
-          state[event.block] = kRefused;
-          if (!result.first_oom) {
-            FirstOom oom;
-            oom.event_index = index;
-            oom.block = event.block;
-            oom.requested_bytes = event.bytes;
-            oom.message = allocated.error().message();
-            if (const OomReport* report = allocated.error().oom()) oom.report = *report;
-            result.first_oom = std::move(oom);
+        ++pass.events;
+      }
+      switch (event.op) {
+        case Op::alloc: {
+          if (state[event.block] != kNotStarted) {
+            return Error(Errc::corrupt_data, "trace '" + trace.name + "' event " +
+                                                 std::to_string(index) + " allocates block " +
+                                                 std::to_string(event.block) + " a second time");
           }
-          if (flags.stop_at_first_oom) return result;
+          auto allocated = pool.allocate(static_cast<std::size_t>(event.bytes), event.stream);
+          if (!allocated) {
+            if (allocated.error().code() != Errc::out_of_memory) return std::move(allocated).error();
+            ++pass.ooms;
+            state[event.block] = kRefused;
+            if (!result.first_oom) {
+              FirstOom oom;
+              oom.event_index = index;
+              oom.block = event.block;
+              oom.requested_bytes = event.bytes;
+              oom.message = allocated.error().message();
+              if (const OomReport* report = allocated.error().oom()) oom.report = *report;
+              result.first_oom = std::move(oom);
+            }
+            if (flags.stop_at_first_oom) {
+              result.ooms = pass.ooms;
+              return result;
+            }
+            break;
+          }
+          void* ptr = *allocated;
+          pointers[event.block] = ptr;
+          streams[event.block] = event.stream;
+          state[event.block] = kLive;
+          live += event.bytes;
+          const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(ptr) + event.bytes;
+          if (ptr != nullptr && end > highest_end) highest_end = end;
+          if (options.verify_contents && ptr != nullptr) {
+            fill_pattern(ptr, static_cast<std::size_t>(event.bytes), event.block);
+          }
           break;
         }
-        void* ptr = *allocated;
-        pointers[event.block] = ptr;
-        state[event.block] = kLive;
-        live += event.bytes;
-        const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(ptr) + event.bytes;
-        if (ptr != nullptr && end > highest_end) highest_end = end;
-        if (options.verify_contents && ptr != nullptr) {
-          fill_pattern(ptr, static_cast<std::size_t>(event.bytes), event.block);
-        }
-        break;
-      }
-      case Op::free: {
-        const std::uint8_t block_state = state[event.block];
-        if (block_state != kLive) {
-          if (block_state == kRefused) break;  // an OOM refused it: nothing to free
-          return Error(Errc::corrupt_data, "trace '" + trace.name + "' event " +
-                                               std::to_string(index) + " frees block " +
-                                               std::to_string(event.block) +
-                                               (block_state == kNotStarted ? ", which was never allocated"
-                                                                           : ", which is freed already"));
-        }
-        void* ptr = pointers[event.block];
-        if (options.verify_contents && ptr != nullptr) {
-          const std::size_t bad = check_pattern(ptr, static_cast<std::size_t>(event.bytes), event.block);
-          if (bad != event.bytes) {
-            return Error(Errc::corrupt_data,
-                         std::string("replay of '") + trace.name + "' under " +
-                             std::string(mode_name(mode)) + ": block " + std::to_string(event.block) +
-                             " was overwritten at byte " + std::to_string(bad) +
-                             " before its free (event " + std::to_string(index) +
-                             "): two live blocks overlap");
+        case Op::free: {
+          const std::uint8_t block_state = state[event.block];
+          if (block_state != kLive) {
+            if (block_state == kRefused) break;  // an OOM refused it: nothing to free
+            return Error(Errc::corrupt_data, "trace '" + trace.name + "' event " +
+                                                 std::to_string(index) + " frees block " +
+                                                 std::to_string(event.block) +
+                                                 (block_state == kNotStarted ? ", which was never allocated"
+                                                                             : ", which is freed already"));
           }
+          void* ptr = pointers[event.block];
+          if (options.verify_contents && ptr != nullptr) {
+            const std::size_t bad = check_pattern(ptr, static_cast<std::size_t>(event.bytes), event.block);
+            if (bad != event.bytes) {
+              return Error(Errc::corrupt_data,
+                           std::string("replay of '") + trace.name + "' under " +
+                               std::string(mode_name(mode)) + ": block " + std::to_string(event.block) +
+                               " was overwritten at byte " + std::to_string(bad) +
+                               " before its free (event " + std::to_string(index) +
+                               "): two live blocks overlap");
+            }
+          }
+          Status freed = pool.deallocate(ptr, event.stream);
+          if (!freed) return std::move(freed).error();
+          pointers[event.block] = nullptr;
+          state[event.block] = kFreed;
+          live -= event.bytes;
+          break;
         }
-        Status freed = pool.deallocate(ptr, event.stream);
-        if (!freed) return std::move(freed).error();
-        pointers[event.block] = nullptr;
-        state[event.block] = kFreed;
-        live -= event.bytes;
-        break;
+        case Op::segment_alloc:
+        case Op::segment_free:
+          break;  // the recorded allocator's own reservations: see recorded_reserved()
       }
-      case Op::segment_alloc:
-      case Op::segment_free:
-        break;  // the recorded allocator's own reservations: see recorded_reserved()
+      if (probe.holding_calls() != seen_calls) {  // what is held changes only through the device
+        seen_calls = probe.holding_calls();
+        reserved = counting.counters().bytes_held;
+      }
+      peak_live = std::max(peak_live, live);
+      pass.peak_reserved_bytes = std::max(pass.peak_reserved_bytes, reserved);
+      const std::int64_t x = x_offset + (timed ? event.time_us : static_cast<std::int64_t>(index));
+      average.add(x, reserved);
+      if (flags.collect_series) sampler.add(x, live, reserved);
+      if (options.progress && (done + index + 1) % kProgressEvery == 0) {
+        options.progress(flags.progress_base + done + index + 1, flags.progress_total);
+      }
     }
-    if (probe.holding_calls() != seen_calls) {  // what is held changes only through the device
-      seen_calls = probe.holding_calls();
-      reserved = counting.counters().bytes_held;
+    const auto finished = std::chrono::steady_clock::now();
+    pass.replay_ns = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(finished - started).count());
+    pass.device_calls = calls_of(counting.counters()).since(calls_before);
+    done += events.size();
+
+    result.events += pass.events;
+    result.replay_ns += pass.replay_ns;
+    result.ooms += pass.ooms;
+    peak_reserved = std::max(peak_reserved, pass.peak_reserved_bytes);
+    result.passes.push_back(pass);
+
+    if (pass_index + 1 == options.passes) break;
+    // The next pass starts from an empty program: what is still live goes
+    // back to the pool (not timed, not counted in either pass's calls).
+    for (std::uint32_t block = 0; block < trace.num_blocks; ++block) {
+      if (state[block] != kLive) continue;
+      if (Status freed = pool.deallocate(pointers[block], streams[block]); !freed) return std::move(freed).error();
+      pointers[block] = nullptr;
     }
-    peak_live = std::max(peak_live, live);
-    peak_reserved = std::max(peak_reserved, reserved);
-    const std::int64_t x = timed ? event.time_us : static_cast<std::int64_t>(index);
-    average.add(x, reserved);
-    if (flags.collect_series) sampler.add(x, live, reserved);
-    if (options.progress && (index + 1) % kProgressEvery == 0) {
-      options.progress(flags.progress_base + index + 1, flags.progress_total);
-    }
+    live = 0;
+    seen_calls = probe.holding_calls();
+    reserved = counting.counters().bytes_held;
   }
-  const auto finished = std::chrono::steady_clock::now();
   if (flags.collect_series) sampler.finish();
 
-  result.events = replayed;
-  result.replay_ns = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(finished - started).count());
   result.peak_live_bytes = peak_live;
   result.peak_reserved_bytes = peak_reserved;
   const DeviceCounters counts = counting.counters();
@@ -360,15 +414,7 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
       peak_live == 0 ? 0.0 : static_cast<double>(peak_reserved) / static_cast<double>(peak_live);
   result.stats = pool.stats();
   result.peak_live_rounded_bytes = static_cast<std::uint64_t>(result.stats.peak_bytes_in_use);
-
-  result.device_calls.allocs = counts.allocate.calls;
-  result.device_calls.frees = counts.free.calls;
-  result.device_calls.creates = counts.create.calls;
-  result.device_calls.releases = counts.release.calls;
-  result.device_calls.maps = counts.map.calls;
-  result.device_calls.unmaps = counts.unmap.calls;
-  result.device_calls.reserves = counts.reserve.calls;
-  result.device_calls.device_ns = counts.total_nanoseconds();
+  result.device_calls = calls_of(counts);
 
   // A single-region pool took exactly one region from the device, at creation.
   if (mode == Mode::preallocate && probe.first_region() != 0) {
@@ -400,6 +446,7 @@ Expected<MinCapacity> search_min_capacity(const Trace& trace, Mode mode, std::si
   ReplayOptions quiet = options;
   quiet.progress = nullptr;
   quiet.verify_contents = false;
+  quiet.passes = 1;  // whether the trace fits: a first pass decides
 
   // Succeeds when the replay runs with no OOM. A pool that cannot even be
   // created at this capacity (preallocation too large) counts as a failure.
@@ -457,9 +504,23 @@ Expected<ModeReplay> replay_with_search(const Trace& trace, Mode mode, const Rep
 
 }  // namespace
 
+DeviceCalls DeviceCalls::since(const DeviceCalls& earlier) const noexcept {
+  DeviceCalls delta;
+  delta.allocs = allocs - earlier.allocs;
+  delta.frees = frees - earlier.frees;
+  delta.creates = creates - earlier.creates;
+  delta.releases = releases - earlier.releases;
+  delta.maps = maps - earlier.maps;
+  delta.unmaps = unmaps - earlier.unmaps;
+  delta.reserves = reserves - earlier.reserves;
+  delta.syncs = syncs - earlier.syncs;
+  delta.device_ns = device_ns - earlier.device_ns;
+  return delta;
+}
+
 Expected<ModeReplay> replay_mode(const Trace& trace, Mode mode, const ReplayOptions& options) {
   RunFlags flags;
-  flags.progress_total = trace.events.size();
+  flags.progress_total = trace.events.size() * options.passes;
   return replay_with_search(trace, mode, options, flags);
 }
 
@@ -535,7 +596,7 @@ Expected<TraceReplay> replay(const Trace& trace, std::span<const Mode> modes,
   out.mem_fraction = options.config.mem_fraction.value;
 
   RunFlags flags;
-  flags.progress_total = static_cast<std::uint64_t>(trace.events.size()) * modes.size();
+  flags.progress_total = static_cast<std::uint64_t>(trace.events.size()) * modes.size() * options.passes;
   for (const Mode mode : modes) {
     auto result = replay_with_search(trace, mode, options, flags);
     if (!result) {
@@ -543,7 +604,7 @@ Expected<TraceReplay> replay(const Trace& trace, std::span<const Mode> modes,
                                               std::string(mode_name(mode)) + ": " +
                                               result.error().message());
     }
-    flags.progress_base += trace.events.size();
+    flags.progress_base += trace.events.size() * options.passes;
     out.modes.push_back(std::move(*result));
   }
   out.recorded = recorded_reserved(trace, options.max_series_points);

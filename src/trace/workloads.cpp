@@ -70,6 +70,12 @@ class Builder {
     event.stream = streams_[block];
     trace_.events.push_back(event);
   }
+  /// Frees `block` on `stream`, not the stream it was allocated on (work on
+  /// another stream used it last, as with PyTorch's record_stream).
+  void free_on(std::uint32_t block, Stream stream) {
+    free(block);
+    trace_.events.back().stream = stream;
+  }
   void free_all(const std::vector<std::uint32_t>& blocks) {
     for (std::uint32_t block : blocks) free(block);
   }
@@ -331,6 +337,144 @@ Trace small_tensors(const WorkloadOptions& options) {
   return b.take();
 }
 
+// --- multi-stream-inference: many streams, KV blocks of many sizes -------
+//
+// An inference server running 12 CUDA streams, one per worker, over shared
+// bf16 weights (about 7 GB in 288 tensors, default stream). Each worker serves requests
+// one after another; a request's KV cache grows by one block per 16 tokens,
+// and the block size is the request's (its model variant and head layout:
+// 128 KiB to 6 MiB), so the cache holds blocks of many sizes at once. Each
+// decode step allocates activations sized by the worker's batch. A finished
+// request's blocks are freed by the scheduler on the default stream half
+// of the time (the block was last used there), else on the worker's stream.
+// `steps` is the requests per worker (default 12).
+Trace multi_stream_inference(const WorkloadOptions& options) {
+  constexpr std::uint64_t workers = 12, width = 4096, bf16 = 2;
+  constexpr std::uint64_t block_sizes[] = {128 * KiB, 384 * KiB, 1 * MiB, 1536 * KiB, 2 * MiB, 3 * MiB, 6 * MiB};
+  const std::uint32_t requests = options.steps ? options.steps : 12;
+  Random random(options.seed);
+  Builder b("multi-stream-inference");
+  for (int i = 0; i < 32 * 9; ++i) b.alloc(random.between(8, 90) * MiB / 2);  // the weights
+
+  struct Worker {
+    Stream stream = 0;
+    std::uint32_t served = 0;
+    std::uint64_t block_bytes = 0, tokens = 0, output = 0;
+    std::vector<std::uint32_t> blocks;
+  };
+  std::vector<Worker> pool(workers);
+  for (std::uint64_t w = 0; w < workers; ++w) pool[w].stream = static_cast<Stream>(w + 1);
+  auto start = [&](Worker& w) {
+    w.block_bytes = block_sizes[random.between(0, std::size(block_sizes) - 1)];
+    w.tokens = random.between(64, 1024);
+    w.output = w.tokens + random.between(32, 512);
+    const std::uint32_t prompt = b.alloc(w.tokens * width * bf16, w.stream);  // prefill activations
+    for (std::uint64_t t = 0; t < w.tokens; t += 16) w.blocks.push_back(b.alloc(w.block_bytes, w.stream));
+    b.free(prompt);
+  };
+  for (Worker& w : pool) start(w);
+  std::size_t busy = workers;
+  while (busy > 0) {
+    for (Worker& w : pool) {
+      if (w.served == requests) continue;
+      const std::uint64_t batch = random.between(1, 16);
+      const std::uint32_t hidden = b.alloc(batch * width * bf16 * 3, w.stream);
+      const std::uint32_t logits = b.alloc(batch * 32000 * 4, w.stream);
+      for (std::uint64_t n = 0; n < 8; ++n, ++w.tokens) {
+        if (w.tokens % 16 == 0) w.blocks.push_back(b.alloc(w.block_bytes, w.stream));
+      }
+      b.free(logits);
+      b.free(hidden);
+      if (w.tokens < w.output) continue;
+      const Stream freeing = random.chance(50) ? kDefaultStream : w.stream;
+      for (std::uint32_t block : w.blocks) b.free_on(block, freeing);
+      w.blocks.clear();
+      if (++w.served == requests) {
+        --busy;
+      } else {
+        start(w);
+      }
+    }
+  }
+  return b.take();  // the weights stay live
+}
+
+// --- near-capacity: a training run at 95-99% of the pool's limit ---------
+//
+// Sized for the default limit, 0.75 of an 80 GiB device (60 GiB): 36 GiB of
+// long-lived state (weights, gradients and optimizer moments in 1 to 768
+// MiB tensors), then steps whose activations (large blocks of 8 to 640 MiB
+// whose sizes change with each step's sequence length) bring the live bytes
+// to 95-99% of the limit, freed in reverse as in a backward pass, with
+// gradient buckets and workspaces of varying size in between.
+// `steps` is the training steps (default 12).
+Trace near_capacity(const WorkloadOptions& options) {
+  const std::uint32_t steps = options.steps ? options.steps : 12;
+  constexpr std::uint64_t limit = 60 * GiB;
+  Random random(options.seed);
+  Builder b("near-capacity");
+  std::uint64_t state = 0;
+  while (state < 36 * GiB) {
+    const std::uint64_t bytes = random.log_uniform(1 * MiB, 768 * MiB);
+    b.alloc(bytes);
+    state += bytes;
+  }
+  for (std::uint32_t step = 0; step < steps; ++step) {
+    const std::uint64_t target = limit / 100 * random.between(96, 99);
+    const std::uint64_t seq = random.between(8, 16);  // activation sizes scale with it
+    std::vector<std::uint32_t> saved;
+    std::uint64_t live = state;
+    for (;;) {
+      const std::uint64_t bytes = random.between(1, 40) * seq * MiB;
+      if (live + bytes > target) break;
+      saved.push_back(b.alloc(bytes));
+      live += bytes;
+      if (random.chance(30)) b.free(b.alloc(random.between(1, 64) * MiB));  // a workspace
+    }
+    // Backward: saved activations in reverse, each replaced by a gradient
+    // bucket of another size for a while.
+    std::vector<std::uint32_t> buckets;
+    for (std::size_t i = saved.size(); i-- > 0;) {
+      b.free(saved[i]);
+      if (random.chance(25)) buckets.push_back(b.alloc(random.between(16, 96) * MiB));
+      if (buckets.size() > 4) {
+        b.free(buckets.front());
+        buckets.erase(buckets.begin());
+      }
+    }
+    b.free_all(buckets);
+  }
+  return b.take();  // the state stays live
+}
+
+// --- random-mixed: sizes log-uniform from 256 B to 64 MiB ----------------
+//
+// A bounded live set (at most 512 blocks) under random allocs and frees:
+// each operation frees a random live block or allocates a new one, with
+// sizes log-uniform in [256 B, 64 MiB]. `steps` thousands of operations
+// (default 1,000: a million).
+Trace random_mixed(const WorkloadOptions& options) {
+  const std::uint64_t operations = std::uint64_t{options.steps ? options.steps : 1000} * 1000;
+  constexpr std::size_t max_live = 512;
+  Random random(options.seed);
+  Builder b("random-mixed");
+  std::vector<std::uint32_t> live;
+  for (std::uint64_t op = 0; op < operations; ++op) {
+    const bool allocate = live.empty() || (live.size() < max_live && random.chance(50));
+    if (allocate) {
+      live.push_back(b.alloc(round_up(random.log_uniform(256, 64 * MiB), 4)));
+    } else {
+      const std::size_t i = random.between(0, live.size() - 1);
+      b.free(live[i]);
+      live[i] = live.back();
+      live.pop_back();
+    }
+  }
+  std::sort(live.begin(), live.end());
+  b.free_all(live);
+  return b.take();
+}
+
 }  // namespace
 
 const std::vector<WorkloadInfo>& workloads() {
@@ -340,6 +484,11 @@ const std::vector<WorkloadInfo>& workloads() {
       {"llm-inference", "7B-class LLM serving 32 requests, 8 at a time, with a KV cache of 16-token blocks "
                         "that grows with each sequence"},
       {"small-tensors", "100,000 tensors of 4 B to 32 MiB with short, medium and long lifetimes on two streams"},
+      {"multi-stream-inference", "an inference server on 12 streams: KV-cache blocks of 128 KiB to 6 MiB by "
+                                 "request, half of them freed on another stream than their alloc"},
+      {"near-capacity", "training steps whose large activations of changing sizes bring live bytes to 95-99% "
+                        "of the default limit (60 GiB of an 80 GiB device)"},
+      {"random-mixed", "a million allocs and frees, sizes log-uniform from 256 B to 64 MiB, at most 512 live"},
   };
   return list;
 }
@@ -348,6 +497,9 @@ Expected<Trace> make_workload(std::string_view name, const WorkloadOptions& opti
   if (name == "train-step") return train_step(options);
   if (name == "llm-inference") return llm_inference(options);
   if (name == "small-tensors") return small_tensors(options);
+  if (name == "multi-stream-inference") return multi_stream_inference(options);
+  if (name == "near-capacity") return near_capacity(options);
+  if (name == "random-mixed") return random_mixed(options);
   std::string known;
   for (const WorkloadInfo& info : workloads()) known += (known.empty() ? "" : ", ") + std::string{info.name};
   return Error(Errc::invalid_argument, "unknown workload '" + std::string{name} + "' (known: " + known + ")");

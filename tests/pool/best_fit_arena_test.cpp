@@ -19,6 +19,7 @@ using pool::AddressMap;
 using pool::BestFitArena;
 using pool::BinBitmap;
 using pool::MemoryRange;
+using pool::PlacementCost;
 using pool::SizeBins;
 
 TEST(SizeBins, EachBinStartsWhereThePreviousEnds) {
@@ -189,6 +190,53 @@ TEST_F(BestFitArenaTest, SameStreamReuseNeedsNoSynchronize) {
   void* other = arena.allocate(4 * KiB, 8)->base;
   EXPECT_NE(other, nullptr);
   EXPECT_EQ(device_->calls(7), 1);
+}
+
+// One synchronize of a stream serves every chunk it freed before: memory
+// passing from one stream to another costs one sync, not one per chunk.
+TEST_F(BestFitArenaTest, OneSynchronizeServesEverythingTheStreamFreedBefore) {
+  BestFitArena arena(*device_);
+  ASSERT_TRUE(arena.add_region(region(1 * MiB), 1 * MiB));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(arena.allocate(4 * KiB, 7)->base);
+  for (int i = 0; i < 8; i += 2) ASSERT_TRUE(arena.free(blocks[i], 7));  // four holes, apart
+  for (int i = 0; i < 4; ++i) ASSERT_NE(arena.allocate(4 * KiB, 8)->base, nullptr);
+  EXPECT_EQ(device_->calls(7), 1);
+  // A free after the sync waits again.
+  ASSERT_TRUE(arena.free(blocks[1], 7));
+  ASSERT_NE(arena.allocate(4 * KiB, 8)->base, nullptr);
+  EXPECT_EQ(device_->calls(7), 2);
+}
+
+// The owner's cost decides where a block goes: the start or the end of a
+// chunk, or another chunk that fits, before the best fit when that costs more.
+TEST_F(BestFitArenaTest, PlacementGoesWhereItCostsLeast) {
+  struct CostlyBelow final : PlacementCost {
+    std::uintptr_t cheap_from = 0;
+    std::size_t cost(std::uintptr_t base, std::size_t) const noexcept override { return base < cheap_from ? 1 : 0; }
+  };
+  BestFitArena arena(*device_);
+  char* base = static_cast<char*>(region(1 * MiB));
+  ASSERT_TRUE(arena.add_region(base, 1 * MiB));
+  CostlyBelow costly;
+  costly.cheap_from = reinterpret_cast<std::uintptr_t>(base) + 512 * KiB;
+  // One free chunk: the block goes to its end, where it costs nothing.
+  Expected<MemoryRange> block = arena.allocate(64 * KiB, 0, costly);
+  ASSERT_TRUE(block);
+  EXPECT_EQ(block->base, base + 1 * MiB - 64 * KiB);
+  // Without a cost, best fit at the start as ever.
+  Expected<MemoryRange> plain = arena.allocate(64 * KiB, 0);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->base, base);
+  // Both costly everywhere: the best fit, at its start.
+  costly.cheap_from = ~std::uintptr_t{0};
+  Expected<MemoryRange> anywhere = arena.allocate(64 * KiB, 0, costly);
+  ASSERT_TRUE(anywhere);
+  EXPECT_EQ(anywhere->base, base + 64 * KiB);
+  EXPECT_TRUE(arena.free(block->base, 0));
+  EXPECT_TRUE(arena.free(plain->base, 0));
+  EXPECT_TRUE(arena.free(anywhere->base, 0));
+  EXPECT_EQ(arena.free_region_bytes(), 1 * MiB);
 }
 
 }  // namespace

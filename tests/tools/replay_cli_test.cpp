@@ -108,7 +108,8 @@ TEST(ReplayCommand, CompareReplaysTheBuiltInWorkloads) {
   const json report = read_json(json_path);
   std::vector<std::string> names;
   for (const json& trace : report["traces"]) names.push_back(trace["name"]);
-  EXPECT_EQ(names, (std::vector<std::string>{"train-step", "llm-inference", "small-tensors"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"train-step", "llm-inference", "small-tensors",
+                                             "multi-stream-inference", "near-capacity", "random-mixed"}));
   for (const json& trace : report["traces"]) {
     const json* growth = mode_row(trace, "growth");
     const json* expandable = mode_row(trace, "expandable");
@@ -118,6 +119,34 @@ TEST(ReplayCommand, CompareReplaysTheBuiltInWorkloads) {
     EXPECT_LT((*expandable)["peak_reserved_bytes"].get<double>(), (*growth)["peak_reserved_bytes"].get<double>())
         << trace["name"];
   }
+}
+
+TEST(ReplayCommand, PassesShowTheWarmPool) {
+  const std::string json_path = temp_path("passes.json");
+  CliResult result =
+      run_cli({"compare", "--passes", "2", "--modes", "growth,expandable", "--workloads", "train-step", "--json", json_path});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_TRUE(contains(result.out, "2 passes, device calls and ns/op of the last")) << result.out;
+  EXPECT_TRUE(contains(result.out, "syncs")) << result.out;
+  const json report = read_json(json_path);
+  const json& trace = report["traces"][0];
+  for (const char* mode : {"growth", "expandable"}) {
+    const json* row = mode_row(trace, mode);
+    ASSERT_NE(row, nullptr);
+    ASSERT_EQ((*row)["passes"].size(), 2u) << mode;
+    const json& first = (*row)["passes"][0];
+    const json& warm = (*row)["passes"][1];
+    for (const char* field : {"device_calls", "ns_per_op", "peak_reserved_bytes", "ooms"}) {
+      EXPECT_TRUE(warm.contains(field)) << field;
+    }
+    EXPECT_GT(first["device_calls"]["total"].get<std::uint64_t>(), 0u) << mode;
+    EXPECT_EQ(warm["device_calls"]["total"].get<std::uint64_t>(), 0u) << mode;  // train-step repeats: warm is quiet
+    EXPECT_EQ((*row)["events"].get<std::uint64_t>(), 2 * trace["events"].get<std::uint64_t>()) << mode;
+  }
+
+  CliResult zero = run_cli({"compare", "--passes", "0", "--workloads", "train-step"});
+  EXPECT_NE(zero.exit_status, 0);
+  EXPECT_TRUE(contains(zero.err, "--passes")) << zero.err;
 }
 
 TEST(ReplayCommand, StatsSideBySideUnderJaxNames) {

@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
+
 #include "tidepool/trace_io.hpp"
 #include "tidepool/units.hpp"
 
@@ -30,17 +33,19 @@ bool same_events(const Trace& a, const Trace& b) {
   return true;
 }
 
-TEST(Workloads, ListsTheThreeBuiltIns) {
+TEST(Workloads, ListsTheBuiltIns) {
   std::vector<std::string_view> names;
   for (const WorkloadInfo& info : workloads()) {
     names.push_back(info.name);
     EXPECT_FALSE(info.description.empty());
   }
-  EXPECT_THAT(names, ::testing::ElementsAre("train-step", "llm-inference", "small-tensors"));
+  EXPECT_THAT(names, ::testing::ElementsAre("train-step", "llm-inference", "small-tensors", "multi-stream-inference",
+                                            "near-capacity", "random-mixed"));
   auto unknown = make_workload("bogus");
   ASSERT_FALSE(unknown);
   EXPECT_EQ(unknown.error().code(), Errc::invalid_argument);
-  EXPECT_THAT(unknown.error().message(), HasSubstr("unknown workload 'bogus' (known: train-step, llm-inference, small-tensors)"));
+  EXPECT_THAT(unknown.error().message(), HasSubstr("unknown workload 'bogus' (known: train-step, llm-inference, small-tensors, "
+                                                           "multi-stream-inference, near-capacity, random-mixed)"));
 }
 
 TEST(Workloads, AreDeterministicAndSeeded) {
@@ -91,6 +96,55 @@ TEST(Workloads, OnlyLongLivedStateStaysLive) {
   EXPECT_LT(inference.second, 14 * GiB);
   // small-tensors: everything freed.
   EXPECT_EQ(live_at_end("small-tensors", 5, 20), std::pair(std::size_t{0}, std::uint64_t{0}));
+}
+
+// The three that stress a pool: what each promises in its description.
+TEST(Workloads, PathologiesHaveTheirShape) {
+  // multi-stream-inference: 13 streams (12 workers and the default), and
+  // frees on another stream than the block's alloc.
+  const Trace streams = make("multi-stream-inference", 1, 3);
+  std::vector<Stream> alloc_stream(streams.num_blocks);
+  std::set<Stream> seen;
+  std::size_t cross_stream_frees = 0;
+  for (const Event& event : streams.events) {
+    if (event.op == Op::alloc) {
+      alloc_stream[event.block] = event.stream;
+      seen.insert(event.stream);
+    } else if (event.op == Op::free && event.stream != alloc_stream[event.block]) {
+      ++cross_stream_frees;
+    }
+  }
+  EXPECT_EQ(seen.size(), 13u);
+  EXPECT_GT(cross_stream_frees, 100u);
+
+  // near-capacity: each step's peak is 95-99% of the default limit (60 GiB).
+  auto near = summarize(make("near-capacity", 1, 3));
+  ASSERT_TRUE(near) << near.error().message();
+  EXPECT_GE(near->peak_live_bytes, 60 * GiB / 100 * 95);
+  EXPECT_LE(near->peak_live_bytes, 60 * GiB / 100 * 99);
+
+  // random-mixed: a million operations, at most 512 blocks live, sizes from
+  // 256 B to 64 MiB.
+  const Trace mixed = make("random-mixed");
+  std::size_t live = 0;
+  std::size_t most_live = 0;
+  std::uint64_t smallest = ~std::uint64_t{0};
+  std::uint64_t largest = 0;
+  for (const Event& event : mixed.events) {
+    if (event.op == Op::alloc) {
+      most_live = std::max(most_live, ++live);
+      smallest = std::min(smallest, event.bytes);
+      largest = std::max(largest, event.bytes);
+    } else {
+      --live;
+    }
+  }
+  EXPECT_EQ(most_live, 512u);
+  EXPECT_GE(smallest, 256u);
+  EXPECT_LT(smallest, 1 * KiB);
+  EXPECT_LE(largest, 64 * MiB);
+  EXPECT_GT(largest, 32 * MiB);
+  EXPECT_GE(mixed.events.size(), 1'000'000u);  // and the blocks still live are freed at the end
 }
 
 TEST(Workloads, StepsScaleTheWork) {
