@@ -418,7 +418,7 @@ class Interposer {
     if (!config) return std::move(config).error();
     // Sized by the device itself, not by the current context's (cuMemCreate
     // names its device in prop->location and needs no current context).
-    static const auto total_mem = driver_helper<DeviceTotalMemFn>("cuDeviceTotalMem_v2");
+    const auto total_mem = driver_helper<DeviceTotalMemFn>("cuDeviceTotalMem_v2");  // not kept: retried
     if (total_mem == nullptr) return Error(Errc::device_error, "the driver has no cuDeviceTotalMem_v2");
     std::size_t total = 0;
     if (const CUresult result = total_mem(&total, device); result != CUDA_SUCCESS || total == 0)
