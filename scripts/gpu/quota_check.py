@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 QUOTA = "20%"
 failures = []
@@ -103,8 +102,8 @@ JAX_MATMUL = """
 import time
 import jax.numpy as jnp
 x = jnp.ones((2048, 2048))
-print(float((x @ x).sum()))
-time.sleep(4)
+print(float((x @ x).sum()), flush=True)
+time.sleep(8)
 """
 
 
@@ -117,7 +116,7 @@ def check_jax(cli, total):
         check(0.70 * quota <= limit <= quota,
               f"JAX's bytes_limit {limit} follows the quota {quota} (75% of it by default)")
         shown = subprocess.run([cli, "ledger", "--device", ledger, "--json"], capture_output=True, text=True)
-        entries = json.loads(shown.stdout).get("entries", []) if shown.returncode == 0 else []
+        entries = json.loads(shown.stdout).get("processes", []) if shown.returncode == 0 else []
         check(any(is_quota(entry.get("quota_bytes"), quota) for entry in entries),
               f"the ledger shows the JAX process's entry with its quota ({len(entries)} entries)")
     finally:
@@ -127,11 +126,14 @@ def check_jax(cli, total):
     result = figures(past.stdout).get("past_quota", past.stderr[-300:])
     check(past.returncode == 0 and result not in ("allocated", ""),
           f"a JAX allocation past the quota fails (platform allocator): {result}")
+    # The second starts once the first holds its preallocation (it has printed
+    # its result and sleeps): 2 x 75% of the device would not fit.
     first = subprocess.Popen([cli, "run", "--quota", "45%", "--", sys.executable, "-c", JAX_MATMUL],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(2)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    first_out = first.stdout.readline()
     second = run_child(cli, JAX_MATMUL, quota="45%")
-    first_out = first.communicate(timeout=150)[0]
+    first_out += first.communicate(timeout=150)[0]
     check(second.returncode == 0, "a second preallocating JAX process runs beside the first under 45% quotas"
           + ("" if second.returncode == 0 else ": " + second.stderr[-300:]))
     check(first.returncode == 0, "the first one too" + ("" if first.returncode == 0 else ": " + first_out[-300:]))
