@@ -1,5 +1,6 @@
-// Allocation latency on a GPU: cudaMalloc/cudaFree against cudaMallocAsync
-// (the driver's pool) and every tidepool pool over CudaDevice, by size. Each
+// Allocation latency on a GPU: cudaMalloc/cudaFree against raw
+// cudaMallocAsync/cudaFreeAsync (the driver's default pool) and every tidepool
+// pool over CudaDevice (cuda_async: the driver's pool through AsyncPool), by size. Each
 // benchmark times alloc+free pairs one by one and reports the median and the
 // 99th percentile (p50_ns, p99_ns) beside Google Benchmark's mean. The pools
 // are warmed first, so theirs is the cached path; cudaMalloc always calls the
@@ -49,6 +50,28 @@ void runtime_pairs(benchmark::State& state, std::size_t bytes) {
     cudaFree(ptr);
     samples.push_back(std::chrono::duration<double, std::nano>(Clock::now() - started).count());
   }
+  report_percentiles(state, samples);
+}
+
+// cudaMallocAsync/cudaFreeAsync on the default stream and the device's default
+// pool, raw (no tidepool in between): the driver's cached path.
+void runtime_async_pairs(benchmark::State& state, std::size_t bytes) {
+  for (int i = 0; i < 4; ++i) {  // warm, as the pools are
+    void* ptr = nullptr;
+    if (cudaMallocAsync(&ptr, bytes, nullptr) == cudaSuccess) cudaFreeAsync(ptr, nullptr);
+  }
+  std::vector<double> samples;
+  for (auto _ : state) {
+    const auto started = Clock::now();
+    void* ptr = nullptr;
+    if (cudaMallocAsync(&ptr, bytes, nullptr) != cudaSuccess) {
+      state.SkipWithError("cudaMallocAsync failed");
+      return;
+    }
+    cudaFreeAsync(ptr, nullptr);
+    samples.push_back(std::chrono::duration<double, std::nano>(Clock::now() - started).count());
+  }
+  cudaStreamSynchronize(nullptr);
   report_percentiles(state, samples);
 }
 
@@ -105,6 +128,8 @@ int main(int argc, char** argv) {
   for (std::size_t bytes : {std::size_t{256}, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB}) {
     benchmark::RegisterBenchmark(("cudaMalloc/" + std::to_string(bytes)).c_str(),
                                  [bytes](benchmark::State& state) { runtime_pairs(state, bytes); });
+    benchmark::RegisterBenchmark(("cudaMallocAsync/" + std::to_string(bytes)).c_str(),
+                                 [bytes](benchmark::State& state) { runtime_async_pairs(state, bytes); });
     for (auto& [name, pool] : pools) {
       Allocator* raw = pool.get();
       benchmark::RegisterBenchmark((name + "/" + std::to_string(bytes)).c_str(),

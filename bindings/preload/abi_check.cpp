@@ -16,6 +16,7 @@ static_assert(std::is_same_v<tp::CUdeviceptr, CUdeviceptr>);
 static_assert(std::is_same_v<tp::CUmemGenericAllocationHandle, CUmemGenericAllocationHandle>);
 static_assert(std::is_same_v<tp::cuuint64_t, cuuint64_t>);
 static_assert(sizeof(tp::CUdriverProcAddressQueryResult) == sizeof(CUdriverProcAddressQueryResult));
+static_assert(CUDA_VERSION >= tp::kKnownCudaVersion, "the declarations are checked against an older cuda.h");
 static_assert(tp::CUDA_SUCCESS == CUDA_SUCCESS);
 static_assert(tp::CUDA_ERROR_INVALID_VALUE == CUDA_ERROR_INVALID_VALUE);
 static_assert(tp::CUDA_ERROR_OUT_OF_MEMORY == CUDA_ERROR_OUT_OF_MEMORY);
@@ -41,3 +42,4 @@ static_assert(std::is_same_v<decltype(&cuGetProcAddress_v2),
                              CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*)>);
 static_assert(std::is_same_v<decltype(&cuCtxGetDevice), CUresult (*)(CUdevice*)>);
 static_assert(std::is_same_v<decltype(&cuDeviceGetUuid_v2), CUresult (*)(CUuuid*, CUdevice)>);
+static_assert(std::is_same_v<decltype(&cuDeviceTotalMem_v2), CUresult (*)(size_t*, CUdevice)>);

@@ -25,6 +25,12 @@ inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;
 
+/// The newest CUDA version (cuGetProcAddress's cudaVersion) whose signatures
+/// these declarations are known to have: abi_check.cpp compares them with a
+/// cuda.h at least this new. A newer version may bring a new revision (_v3)
+/// under the same name; the interposer asks the driver whether it does.
+inline constexpr int kKnownCudaVersion = 13000;
+
 struct CUuuid {
   char bytes[16];
 };
@@ -62,6 +68,7 @@ using GetProcAddressV1Fn = CUresult (*)(const char* symbol, void** pfn, int cuda
 using GetProcAddressV2Fn = CUresult (*)(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                                         CUdriverProcAddressQueryResult* symbolStatus);
 using CtxGetDeviceFn = CUresult (*)(CUdevice* device);
+using DeviceTotalMemFn = CUresult (*)(std::size_t* bytes, CUdevice dev);             // cuDeviceTotalMem_v2
 using DeviceGetUuidFn = CUresult (*)(CUuuid* uuid, CUdevice dev);                   // cuDeviceGetUuid_v2
 
 }  // namespace tidepool::preload

@@ -9,6 +9,8 @@
 //   cuMemGetInfo_v2   reports the quota as total and what this process may
 //       still reserve as free, so a framework that preallocates a fraction of
 //       the "device" (JAX: 75%) takes that fraction of its quota.
+//   cuDeviceTotalMem_v2   reports the quota as the device's size (PyTorch's
+//       total_memory, XLA's device description).
 //
 // Programs reach the driver three ways, and each is intercepted:
 //   - linked against libcuda: these exported symbols come first (LD_PRELOAD);
@@ -18,7 +20,11 @@
 //     these functions is replaced by a wrapper around the pointer it gave.
 // Each real function is kept per way it was obtained ("slots"), so a wrapper
 // always forwards to exactly the function the program would have called
-// (e.g. the per-thread-default-stream variant the runtime asked for).
+// (e.g. the per-thread-default-stream variant the runtime asked for). Slot 0
+// is the exported symbol of the next object (or of libcuda.so.1 loaded
+// RTLD_LOCAL), never an answer: a per-thread-stream function must not become
+// what the legacy export forwards to, nor this library's own export (found by
+// dlsym(RTLD_DEFAULT)) what it calls.
 //
 // The ledger's upstream device is the driver call in flight: LedgerDevice
 // reserves, then asks DriverDevice, which runs the wrapper's real call.
@@ -26,6 +32,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -38,6 +45,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -82,6 +90,7 @@ enum Fn : int {
   mem_alloc_from_pool_async_ptsz,
   mem_create,
   mem_release,
+  device_total_mem,
   get_proc_address_v1,
   get_proc_address_v2,
   fn_count
@@ -91,40 +100,62 @@ struct FnInfo {
   const char* symbol;     // the exported name
   const char* proc_name;  // the name cuGetProcAddress is asked for; null: none of its own
   int min_version;        // the first CUDA version (cudaVersion) with this ABI under proc_name
-  int max_version;        // the last one, inclusive
+  int max_version;        // the last one, inclusive; kLatest: none newer up to kKnownCudaVersion
 };
 
+constexpr int kLatest = 1 << 30;
+
 // cuGetProcAddress("cuGetProcAddress") returns the 5-argument _v2 from 12.0 on.
+// There is no exported cuGetProcAddress_v2_ptsz: cuda.h defines it inline,
+// as cuGetProcAddress_v2 with the per-thread flag added (docs/interop.md).
 constexpr std::array<FnInfo, fn_count> kFns = {{
-    {"cuMemAlloc_v2", "cuMemAlloc", 3020, 1 << 30},
-    {"cuMemFree_v2", "cuMemFree", 3020, 1 << 30},
-    {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, 1 << 30},
-    {"cuMemAllocAsync", "cuMemAllocAsync", 11020, 1 << 30},
+    {"cuMemAlloc_v2", "cuMemAlloc", 3020, kLatest},
+    {"cuMemFree_v2", "cuMemFree", 3020, kLatest},
+    {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, kLatest},
+    {"cuMemAllocAsync", "cuMemAllocAsync", 11020, kLatest},
     {"cuMemAllocAsync_ptsz", nullptr, 0, 0},
-    {"cuMemFreeAsync", "cuMemFreeAsync", 11020, 1 << 30},
+    {"cuMemFreeAsync", "cuMemFreeAsync", 11020, kLatest},
     {"cuMemFreeAsync_ptsz", nullptr, 0, 0},
-    {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", 11020, 1 << 30},
+    {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", 11020, kLatest},
     {"cuMemAllocFromPoolAsync_ptsz", nullptr, 0, 0},
-    {"cuMemCreate", "cuMemCreate", 10020, 1 << 30},
-    {"cuMemRelease", "cuMemRelease", 10020, 1 << 30},
+    {"cuMemCreate", "cuMemCreate", 10020, kLatest},
+    {"cuMemRelease", "cuMemRelease", 10020, kLatest},
+    {"cuDeviceTotalMem_v2", "cuDeviceTotalMem", 3020, kLatest},
     {"cuGetProcAddress", "cuGetProcAddress", 11030, 11999},
-    {"cuGetProcAddress_v2", "cuGetProcAddress", 12000, 1 << 30},
+    {"cuGetProcAddress_v2", "cuGetProcAddress", 12000, kLatest},
 }};
 
-/// Slot 0: the exported symbol (RTLD_NEXT or a dlsym answer); slots 1, 2:
-/// further distinct pointers (cuGetProcAddress's answers for other flags).
-constexpr int kSlots = 3;
-std::array<std::array<std::atomic<void*>, kSlots>, fn_count> g_real{};
-
-/// The slot holding `real` for `fn`, claiming an empty one; -1 when all
-/// hold other functions (the pointer is then handed out unwrapped).
-int claim_slot(Fn fn, void* real) {
-  for (int slot = 0; slot < kSlots; ++slot) {
-    void* expected = nullptr;
-    if (g_real[fn][slot].compare_exchange_strong(expected, real) || expected == real) return slot;
-  }
-  return -1;
+/// Whether `address` lies in this library (its exports and wrappers).
+bool in_this_library(const void* address) {
+  static const void* const self_base = [] {
+    Dl_info self{};
+    return dladdr(reinterpret_cast<const void*>(&in_this_library), &self) != 0 ? self.dli_fbase : nullptr;
+  }();
+  Dl_info where{};
+  return address != nullptr && dladdr(address, &where) != 0 && where.dli_fbase == self_base;
 }
+
+/// The driver's export `symbol`: from the objects after this one, else from
+/// libcuda.so.1 loaded RTLD_LOCAL (by a Python extension, say), which is not
+/// in the global scope. Never this library's own.
+void* next_symbol(const char* symbol) {
+  DlsymFn lookup = real_dlsym();
+  if (lookup == nullptr) return nullptr;
+  void* found = lookup(RTLD_NEXT, symbol);
+  if (found == nullptr) {
+    if (void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+      found = lookup(cuda, symbol);
+      dlclose(cuda);  // only drops the reference NOLOAD took
+    }
+  }
+  return in_this_library(found) ? nullptr : found;
+}
+
+/// Slot 0: the exported symbol (next_symbol); slots 1-3: further distinct
+/// pointers (a dlsym or cuGetProcAddress answer that is not the export, as
+/// the per-thread-stream variants and the runtime's entry points are).
+constexpr int kSlots = 4;
+std::array<std::array<std::atomic<void*>, kSlots>, fn_count> g_real{};
 
 /// The real function of `fn` in `slot`; slot 0 resolves the exported
 /// symbol on first use. Null when there is none.
@@ -132,31 +163,31 @@ template <class FnPtr>
 FnPtr real_of(Fn fn, int slot) {
   void* real = g_real[fn][slot].load(std::memory_order_acquire);
   if (real == nullptr && slot == 0) {
-    if (DlsymFn lookup = real_dlsym(); lookup != nullptr) {
-      if (void* next = lookup(RTLD_NEXT, kFns[fn].symbol); next != nullptr) {
-        void* expected = nullptr;
-        g_real[fn][0].compare_exchange_strong(expected, next);
-        real = g_real[fn][0].load(std::memory_order_acquire);
-      }
+    if (void* next = next_symbol(kFns[fn].symbol); next != nullptr) {
+      void* expected = nullptr;
+      g_real[fn][0].compare_exchange_strong(expected, next);
+      real = g_real[fn][0].load(std::memory_order_acquire);
     }
   }
   return reinterpret_cast<FnPtr>(real);
 }
 
+/// The slot holding `real` for `fn`: 0 when it is the export, else one of
+/// the others, claiming an empty one; -1 when all hold other functions (the
+/// pointer is then handed out unwrapped).
+int claim_slot(Fn fn, void* real) {
+  if (real_of<void*>(fn, 0) == real) return 0;
+  for (int slot = 1; slot < kSlots; ++slot) {
+    void* expected = nullptr;
+    if (g_real[fn][slot].compare_exchange_strong(expected, real) || expected == real) return slot;
+  }
+  return -1;
+}
+
 /// A helper driver function this library calls but does not wrap.
 template <class FnPtr>
 FnPtr driver_helper(const char* symbol) {
-  DlsymFn lookup = real_dlsym();
-  if (lookup == nullptr) return nullptr;
-  void* found = lookup(RTLD_NEXT, symbol);
-  if (found == nullptr) {
-    // libcuda dlopen'ed with RTLD_LOCAL is not in the global scope: ask it.
-    if (void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
-      found = lookup(cuda, symbol);
-      dlclose(cuda);
-    }
-  }
-  return reinterpret_cast<FnPtr>(found);
+  return reinterpret_cast<FnPtr>(next_symbol(symbol));
 }
 
 // --- the device the ledger guards: the driver call in flight ---------------
@@ -173,8 +204,8 @@ void* const kAccounted = reinterpret_cast<void*>(std::uintptr_t{1} << 12);
 
 class DriverDevice final : public Device {
  public:
-  DriverDevice(CUdevice ordinal, std::string id, MemGetInfoFn get_info)
-      : ordinal_(ordinal), id_(std::move(id)), get_info_(get_info) {}
+  DriverDevice(CUdevice ordinal, std::string id, std::size_t total_bytes)
+      : ordinal_(ordinal), id_(std::move(id)), total_bytes_(total_bytes) {}
 
   std::string id() const override { return id_; }
   std::string description() const override {
@@ -185,12 +216,18 @@ class DriverDevice final : public Device {
     return kAccounted;
   }
   Status free(void*, std::size_t bytes) override { return run("free", bytes); }
-  /// The current context's device: the wrappers only use this device's
-  /// ledger while it is current.
+  /// The device's size (cuDeviceTotalMem_v2, which needs no context); free
+  /// is the driver's (cuMemGetInfo_v2) while this device's context is
+  /// current, else unknown and reported as the size.
   MemInfo mem_info() const override {
+    static const auto get_info = driver_helper<MemGetInfoFn>("cuMemGetInfo_v2");
+    static const auto get_device = driver_helper<CtxGetDeviceFn>("cuCtxGetDevice");
+    CUdevice current = -1;
     std::size_t free_bytes = 0, total_bytes = 0;
-    if (get_info_ == nullptr || get_info_(&free_bytes, &total_bytes) != CUDA_SUCCESS) return {};
-    return {free_bytes, total_bytes};
+    if (get_info != nullptr && get_device != nullptr && get_device(&current) == CUDA_SUCCESS &&
+        current == ordinal_ && get_info(&free_bytes, &total_bytes) == CUDA_SUCCESS)
+      return {std::min(free_bytes, total_bytes_), total_bytes_};
+    return {total_bytes_, total_bytes_};
   }
   std::size_t granularity() const override { return 2 * MiB; }
   bool supports_virtual_memory() const override { return false; }
@@ -222,7 +259,7 @@ class DriverDevice final : public Device {
 
   CUdevice ordinal_;
   std::string id_;
-  MemGetInfoFn get_info_;
+  std::size_t total_bytes_;
 };
 
 // --- accounting ---------------------------------------------------------------
@@ -325,6 +362,22 @@ class Interposer {
     return stopped_;
   }
 
+  /// The size cuDeviceTotalMem_v2 reports for `device` (of `total` bytes):
+  /// its ledger entry's total where it has one, else the quota it would
+  /// get, so that asking registers nothing (a program that lists its
+  /// devices commits no quota on those it never allocates on).
+  std::size_t reported_total(CUdevice device, std::size_t total) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopped_) return total;
+      if (auto it = ledgers_.find(device); it != ledgers_.end()) return it->second->mem_info().total_bytes;
+    }
+    auto config = Config::from_env();
+    if (!config || !config->quota.value) return total;
+    const std::size_t quota = config->quota.value->resolve(total);
+    return quota != 0 ? std::min(quota, total) : total;
+  }
+
  private:
   Interposer() = default;
 
@@ -340,19 +393,21 @@ class Interposer {
   }
 
   /// The ledger entry of `device`, registering on first use. Null after
-  /// shut_down or when registering failed (said once on stderr).
+  /// shut_down or when registering failed; a failure is said once per
+  /// device on stderr and not kept: the next allocation tries again (the
+  /// driver may not have been initialized yet, or another process may have
+  /// left room in the ledger since).
   LedgerDevice* ledger_for(CUdevice device) {
     std::lock_guard lock(mutex_);
     if (stopped_) return nullptr;
     if (auto it = ledgers_.find(device); it != ledgers_.end()) return it->second.get();
-    if (failed_.count(device) != 0) return nullptr;
     auto ledger = register_device(device);
     if (!ledger) {
-      failed_[device] = ledger.error().message();
-      std::fprintf(stderr,
-                   "tidepool: error: device %d is not accounted in the ledger: %s; its allocations fail "
-                   "with CUDA_ERROR_OUT_OF_MEMORY\n",
-                   device, ledger.error().message().c_str());
+      if (said_failed_.insert(device).second)
+        std::fprintf(stderr,
+                     "tidepool: error: device %d is not accounted in the ledger: %s; its allocations fail "
+                     "with CUDA_ERROR_OUT_OF_MEMORY until it is (further failures are not printed)\n",
+                     device, ledger.error().message().c_str());
       return nullptr;
     }
     return (ledgers_[device] = std::move(*ledger)).get();
@@ -361,14 +416,19 @@ class Interposer {
   static Expected<std::shared_ptr<LedgerDevice>> register_device(CUdevice device) {
     auto config = Config::from_env();
     if (!config) return std::move(config).error();
+    // Sized by the device itself, not by the current context's (cuMemCreate
+    // names its device in prop->location and needs no current context).
+    const auto total_mem = driver_helper<DeviceTotalMemFn>("cuDeviceTotalMem_v2");  // not kept: retried
+    if (total_mem == nullptr) return Error(Errc::device_error, "the driver has no cuDeviceTotalMem_v2");
+    std::size_t total = 0;
+    if (const CUresult result = total_mem(&total, device); result != CUDA_SUCCESS || total == 0)
+      return Error(Errc::device_error, "cuDeviceTotalMem_v2 of device " + std::to_string(device) +
+                                           " failed (CUresult " + std::to_string(result) + ")");
     std::string id = "cuda-device-" + std::to_string(device);
     if (auto get_uuid = driver_helper<DeviceGetUuidFn>("cuDeviceGetUuid_v2")) {
       CUuuid uuid{};
       if (get_uuid(&uuid, device) == CUDA_SUCCESS) id = format_gpu_uuid(uuid.bytes);
     }
-    auto driver = std::make_shared<DriverDevice>(device, id, driver_helper<MemGetInfoFn>("cuMemGetInfo_v2"));
-    const std::size_t total = driver->mem_info().total_bytes;
-    if (total == 0) return Error(Errc::device_error, "cuMemGetInfo_v2 failed for " + id);
     LedgerOptions options;
     options.mode = config->ledger_mode.value;
     if (const std::string& name = config->ledger_name.value; !name.empty())
@@ -381,7 +441,7 @@ class Interposer {
     }
     // An unmodified program cannot give cached memory back when asked.
     options.poll_period = std::chrono::milliseconds(0);
-    return LedgerDevice::create(std::move(driver), options);
+    return LedgerDevice::create(std::make_shared<DriverDevice>(device, std::move(id), total), options);
   }
 
   /// A device whose ledger entry could not be registered gets nothing (its
@@ -419,14 +479,14 @@ class Interposer {
     ledgers_.clear();
     addresses_.clear();
     handles_.clear();
-    failed_.clear();
+    said_failed_.clear();
     new (&mutex_) std::mutex();  // another thread may have held it at fork
   }
 
   std::mutex mutex_;
   bool stopped_ = false;
   std::map<CUdevice, std::shared_ptr<LedgerDevice>> ledgers_;
-  std::map<CUdevice, std::string> failed_;
+  std::set<CUdevice> said_failed_;
   std::map<CUdeviceptr, Allocation> addresses_;
   std::map<CUmemGenericAllocationHandle, Allocation> handles_;
   std::size_t refusals_ = 0;
@@ -514,7 +574,20 @@ CUresult release_wrapper(CUmemGenericAllocationHandle handle) {
   return Interposer::instance().free(true, handle, [&] { return real(handle); });
 }
 
-void* substitute_proc(const char* symbol, void* real, int cuda_version);
+template <Fn F, int S>
+CUresult device_total_mem_wrapper(std::size_t* bytes, CUdevice device) {
+  auto real = real_of<DeviceTotalMemFn>(F, S);
+  if (real == nullptr) return not_found();
+  const CUresult result = real(bytes, device);  // the driver's own checks first
+  if (result != CUDA_SUCCESS || bytes == nullptr) return result;
+  *bytes = Interposer::instance().reported_total(device, *bytes);
+  return CUDA_SUCCESS;
+}
+
+/// What cuGetProcAddress asked at `cuda_version` hands out for `symbol`:
+/// `real` wrapped when it is an intercepted function in an ABI the wrappers
+/// have, else `real`. `known` asks the driver again at kKnownCudaVersion.
+void* substitute_proc(const char* symbol, void* real, int cuda_version, const std::function<void*()>& known);
 
 template <Fn F, int S>
 CUresult get_proc_address_v1_wrapper(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) {
@@ -522,7 +595,10 @@ CUresult get_proc_address_v1_wrapper(const char* symbol, void** pfn, int cuda_ve
   if (real == nullptr) return not_found();
   const CUresult result = real(symbol, pfn, cuda_version, flags);
   if (result == CUDA_SUCCESS && symbol != nullptr && pfn != nullptr && *pfn != nullptr)
-    *pfn = substitute_proc(symbol, *pfn, cuda_version);
+    *pfn = substitute_proc(symbol, *pfn, cuda_version, [&]() -> void* {
+      void* known = nullptr;
+      return real(symbol, &known, kKnownCudaVersion, flags) == CUDA_SUCCESS ? known : nullptr;
+    });
   return result;
 }
 
@@ -533,7 +609,10 @@ CUresult get_proc_address_v2_wrapper(const char* symbol, void** pfn, int cuda_ve
   if (real == nullptr) return not_found();
   const CUresult result = real(symbol, pfn, cuda_version, flags, status);
   if (result == CUDA_SUCCESS && symbol != nullptr && pfn != nullptr && *pfn != nullptr)
-    *pfn = substitute_proc(symbol, *pfn, cuda_version);
+    *pfn = substitute_proc(symbol, *pfn, cuda_version, [&]() -> void* {
+      void* known = nullptr;
+      return real(symbol, &known, kKnownCudaVersion, flags, nullptr) == CUDA_SUCCESS ? known : nullptr;
+    });
   return result;
 }
 
@@ -545,25 +624,24 @@ void* as_pointer(FnPtr fn) {
 /// The wrapper of `fn` that forwards to slot `slot`.
 template <Fn F>
 void* wrapper_in_slot(int slot) {
-  auto pick = [slot](auto w0, auto w1, auto w2) { return as_pointer(slot == 0 ? w0 : slot == 1 ? w1 : w2); };
-  if constexpr (F == mem_alloc) return pick(alloc_wrapper<F, 0>, alloc_wrapper<F, 1>, alloc_wrapper<F, 2>);
-  if constexpr (F == mem_free) return pick(free_wrapper<F, 0>, free_wrapper<F, 1>, free_wrapper<F, 2>);
-  if constexpr (F == mem_get_info)
-    return pick(get_info_wrapper<F, 0>, get_info_wrapper<F, 1>, get_info_wrapper<F, 2>);
-  if constexpr (F == mem_alloc_async || F == mem_alloc_async_ptsz)
-    return pick(alloc_async_wrapper<F, 0>, alloc_async_wrapper<F, 1>, alloc_async_wrapper<F, 2>);
-  if constexpr (F == mem_free_async || F == mem_free_async_ptsz)
-    return pick(free_async_wrapper<F, 0>, free_async_wrapper<F, 1>, free_async_wrapper<F, 2>);
+  static_assert(kSlots == 4, "one wrapper per slot below");
+  auto pick = [slot](auto w0, auto w1, auto w2, auto w3) {
+    return as_pointer(slot == 0 ? w0 : slot == 1 ? w1 : slot == 2 ? w2 : w3);
+  };
+#define TIDEPOOL_SLOTS(wrapper) pick(wrapper<F, 0>, wrapper<F, 1>, wrapper<F, 2>, wrapper<F, 3>)
+  if constexpr (F == mem_alloc) return TIDEPOOL_SLOTS(alloc_wrapper);
+  if constexpr (F == mem_free) return TIDEPOOL_SLOTS(free_wrapper);
+  if constexpr (F == mem_get_info) return TIDEPOOL_SLOTS(get_info_wrapper);
+  if constexpr (F == mem_alloc_async || F == mem_alloc_async_ptsz) return TIDEPOOL_SLOTS(alloc_async_wrapper);
+  if constexpr (F == mem_free_async || F == mem_free_async_ptsz) return TIDEPOOL_SLOTS(free_async_wrapper);
   if constexpr (F == mem_alloc_from_pool_async || F == mem_alloc_from_pool_async_ptsz)
-    return pick(alloc_from_pool_wrapper<F, 0>, alloc_from_pool_wrapper<F, 1>, alloc_from_pool_wrapper<F, 2>);
-  if constexpr (F == mem_create) return pick(create_wrapper<F, 0>, create_wrapper<F, 1>, create_wrapper<F, 2>);
-  if constexpr (F == mem_release) return pick(release_wrapper<F, 0>, release_wrapper<F, 1>, release_wrapper<F, 2>);
-  if constexpr (F == get_proc_address_v1)
-    return pick(get_proc_address_v1_wrapper<F, 0>, get_proc_address_v1_wrapper<F, 1>,
-                get_proc_address_v1_wrapper<F, 2>);
-  if constexpr (F == get_proc_address_v2)
-    return pick(get_proc_address_v2_wrapper<F, 0>, get_proc_address_v2_wrapper<F, 1>,
-                get_proc_address_v2_wrapper<F, 2>);
+    return TIDEPOOL_SLOTS(alloc_from_pool_wrapper);
+  if constexpr (F == mem_create) return TIDEPOOL_SLOTS(create_wrapper);
+  if constexpr (F == mem_release) return TIDEPOOL_SLOTS(release_wrapper);
+  if constexpr (F == device_total_mem) return TIDEPOOL_SLOTS(device_total_mem_wrapper);
+  if constexpr (F == get_proc_address_v1) return TIDEPOOL_SLOTS(get_proc_address_v1_wrapper);
+  if constexpr (F == get_proc_address_v2) return TIDEPOOL_SLOTS(get_proc_address_v2_wrapper);
+#undef TIDEPOOL_SLOTS
   return nullptr;
 }
 
@@ -583,20 +661,26 @@ void* wrap(Fn fn, void* real) {
   return slot < 0 ? real : wrapper_of(fn, slot);
 }
 
-void* substitute_proc(const char* symbol, void* real, int cuda_version) {
+void* substitute_proc(const char* symbol, void* real, int cuda_version, const std::function<void*()>& known) {
   for (int fn = 0; fn < fn_count; ++fn) {
     const FnInfo& info = kFns[fn];
     if (info.proc_name == nullptr || std::strcmp(symbol, info.proc_name) != 0) continue;
     if (cuda_version < info.min_version || cuda_version > info.max_version) continue;
+    // Beyond the versions whose signatures are known, the ABI is the known
+    // one only if the driver gives the same function at the known version.
+    if (cuda_version > kKnownCudaVersion && known() != real) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        std::fprintf(stderr,
+                     "tidepool: warning: cuGetProcAddress(\"%s\", cudaVersion=%d) gives a function newer than "
+                     "CUDA %d, whose signature this interposer does not know; it is handed out unwrapped, "
+                     "so what it allocates is not accounted (further such are not printed)\n",
+                     symbol, cuda_version, kKnownCudaVersion);
+      return real;
+    }
     return wrap(static_cast<Fn>(fn), real);
   }
   return real;
-}
-
-bool is_wrapper(Fn fn, void* pointer) {
-  for (int slot = 0; slot < kSlots; ++slot)
-    if (wrapper_of(fn, slot) == pointer) return true;
-  return false;
 }
 
 }  // namespace
@@ -640,6 +724,9 @@ TIDEPOOL_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::
 TIDEPOOL_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   return release_wrapper<mem_release, 0>(handle);
 }
+TIDEPOOL_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice dev) {
+  return device_total_mem_wrapper<device_total_mem, 0>(bytes, dev);
+}
 TIDEPOOL_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
   return get_proc_address_v1_wrapper<get_proc_address_v1, 0>(symbol, pfn, cudaVersion, flags);
 }
@@ -657,7 +744,9 @@ TIDEPOOL_EXPORT void* dlsym(void* handle, const char* symbol) {
   if (found == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return found;
   for (int fn = 0; fn < fn_count; ++fn) {
     if (std::strcmp(symbol, kFns[fn].symbol) != 0) continue;
-    if (is_wrapper(static_cast<Fn>(fn), found)) return found;  // this library's own export
+    // This library's own export (dlsym(RTLD_DEFAULT) finds it first): it
+    // already forwards to the driver's.
+    if (in_this_library(found)) return found;
     return wrap(static_cast<Fn>(fn), found);
   }
   return found;

@@ -3,10 +3,13 @@
 // CUDA only (TIDEPOOL_HAVE_CUDA).
 //
 // As XLA's GpuCudaMallocAsyncAllocator: the pool's release threshold is the
-// pool size (bytes_limit) unless set; the limit is reported, not enforced
-// (the driver refuses when the device is full); preallocation allocates the
-// pool size once and frees it; an out-of-memory is retried once after
-// synchronizing the stream. Unlike XLA it uses a pool of its own
+// pool size (bytes_limit) unless set; preallocation allocates the pool size
+// once and frees it; an out-of-memory is retried once after synchronizing
+// the stream. The limit is enforced as the other pools enforce theirs (bytes
+// in use, rounded to 256, never above it), before the driver is asked. The
+// pool allocates from the driver directly, around any decorator of the
+// device: the stack refuses it over the cross-process ledger
+// (mode_supported). Unlike XLA it uses a pool of its own
 // (cudaMemPoolCreate) rather than the device's default pool, so its reserved
 // bytes and trim() concern this allocator only.
 //
@@ -50,8 +53,9 @@ class AsyncPool final : public Allocator {
   std::string_view name() const override { return "cuda_async"; }
   /// cudaMallocFromPoolAsync on `stream` (a cudaStream_t of this device, or
   /// 0): the memory may be used by work queued on that stream at once, by
-  /// other streams after synchronizing with it. out_of_memory with the CUDA
-  /// error in the hint when the driver refuses twice.
+  /// other streams after synchronizing with it. out_of_memory when it would
+  /// take bytes in use above bytes_limit (the driver is not asked), or with
+  /// the CUDA error in the hint when the driver refuses twice.
   Expected<void*> allocate(std::size_t bytes, Stream stream = kDefaultStream) override;
   /// ptr came from allocate() and is not freed yet; cudaFreeAsync on `stream`
   /// (after work queued there that uses ptr).

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "tidepool/allocator.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/device.hpp"
 #include "tidepool/error.hpp"
 #include "tidepool/trace.hpp"
 
@@ -52,6 +54,14 @@ struct ReplayOptions {
   std::uint32_t passes = 1;
   /// Optional progress callback (see ProgressFn); may be empty.
   ProgressFn progress;
+  /// The device each replay runs on in place of the host device of the
+  /// capacity (a GPU: bench/gpu_replay_bench), made fresh per replay; empty:
+  /// the host device. The capacity is then the device's, whatever it is set to.
+  std::function<Expected<std::shared_ptr<Device>>()> device;
+  /// Called with every block handed out, before the next event: touches its
+  /// memory where the host cannot (cudaMemsetAsync on a GPU). An error stops
+  /// the replay. May be empty.
+  std::function<Status(void* ptr, std::size_t bytes, Stream stream)> touch;
 };
 
 /// One point of a downsampled series: over a run of consecutive events, the

@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
-# GPU check of `tidepool run` on the real driver (UNTESTED: written on a
-# machine with no GPU). Needs nvcc and a GPU; run from the repository root
-# after building (BUILD_DIR, default build):
-#   scripts/gpu/preload_check.sh
+# GPU check of `tidepool run` on the real driver (scripts/gpu-check runs it;
+# written without a GPU). Needs nvcc and a GPU; CLI is the tidepool command
+# (default: BUILD_DIR/tools/tidepool, BUILD_DIR default build):
+#   CLI=build/tools/tidepool scripts/gpu/preload_check.sh
 # 1. A CUDA runtime program (the runtime reaches the driver through
 #    cuGetProcAddress) under --quota 40%: cudaMemGetInfo's total is the quota,
 #    75% of it can be cudaMalloc'd, more fails with cudaErrorMemoryAllocation,
 #    cudaMallocAsync is accounted too.
-# 2. With JAX installed: two JAX processes with default preallocation (75% of
-#    the "device") share the GPU under --quota 45%, and the second fails
-#    without tidepool.
+# The frameworks (JAX, PyTorch, CuPy) under --quota: scripts/gpu/quota_check.py.
 set -euo pipefail
 build=${BUILD_DIR:-build}
-cli=$build/tools/tidepool
+cli=${CLI:-$build/tools/tidepool}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -25,6 +23,9 @@ int main() {
   size_t free_bytes = 0, total = 0;
   cudaMemGetInfo(&free_bytes, &total);
   std::printf("total %zu\nfree %zu\n", total, free_bytes);
+  cudaDeviceProp properties{};
+  cudaGetDeviceProperties(&properties, 0);
+  std::printf("properties_total %zu\n", properties.totalGlobalMem);
   void* big = nullptr;
   std::printf("alloc75 %d\n", (int)cudaMalloc(&big, total / 4 * 3));
   void* beyond = nullptr;
@@ -46,29 +47,16 @@ out=$("$cli" run --quota 40% --ledger "/tidepool-gpu-check-$$" -- "$work/runtime
 echo "$out"
 value() { echo "$out" | awk -v k="$1" '$1 == k {print $2}'; }
 quota=$(python3 -c "print(int($device_total * 0.4))")
-check "cudaMemGetInfo total is the quota ($quota of $device_total)" '[[ $(value total) == "$quota" ]]'
+# tidepool resolves 40% in long double, Python in double: a few bytes apart.
+near_quota() { python3 -c "import sys; sys.exit(abs(int('${1:-0}') - $quota) > (1 << 20))"; }
+check "cudaMemGetInfo total is the quota ($quota of $device_total)" 'near_quota "$(value total)"'
+check "cudaGetDeviceProperties' totalGlobalMem is the quota (cuDeviceTotalMem_v2)" \
+  'near_quota "$(value properties_total)"'
 check "75% of the quota can be allocated" '[[ $(value alloc75) == 0 ]]'
 check "beyond the quota: cudaErrorMemoryAllocation (2)" '[[ $(value beyond) == 2 ]]'
 check "cudaMallocAsync beyond the quota fails too" '[[ $(value async_beyond) == 2 ]]'
 check "cudaMallocAsync within it works" '[[ $(value async) == 0 ]]'
 rm -f "/dev/shm/tidepool-gpu-check-$$"
 
-if python3 -c "import jax" 2>/dev/null; then
-  jax_program='import jax, jax.numpy as jnp, time; x = jnp.ones((1024, 1024)); print((x @ x).sum()); time.sleep(5)'
-  "$cli" run --quota 45% -- python3 -c "$jax_program" > "$work/jax1.log" 2>&1 &
-  first=$!
-  sleep 2
-  check "a second JAX process runs beside the first under --quota 45%" \
-    '"$cli" run --quota 45% -- python3 -c "$jax_program" > "$work/jax2.log" 2>&1'
-  check "the first one too" 'wait $first'
-  python3 -c "$jax_program" > "$work/plain1.log" 2>&1 &
-  first=$!
-  sleep 2
-  check "without tidepool the second preallocating JAX process fails" \
-    '! python3 -c "$jax_program" > "$work/plain2.log" 2>&1'
-  wait $first || true
-else
-  echo "skip JAX: not installed"
-fi
 echo "$failures failure(s)"
 exit $((failures > 0))

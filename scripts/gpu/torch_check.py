@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
-"""GPU check of tidepool's PyTorch allocator (UNTESTED: written on a machine
-with no GPU and no torch). Needs a CUDA GPU, PyTorch, and tidepool built with
-the CUDA toolkit:
+"""GPU check of tidepool's PyTorch allocator (scripts/gpu-check runs it;
+written without a GPU). Needs a CUDA GPU, PyTorch, and libtidepool_torch.so
+(built with the CUDA toolkit), loaded by path with the package's torch.py, so
+that no tidepool Python extension is needed:
 
-    PYTHONPATH=build/python XLA_PYTHON_CLIENT_PREALLOCATE=false python3 scripts/gpu/torch_check.py
+    XLA_PYTHON_CLIENT_PREALLOCATE=false python3 scripts/gpu/torch_check.py build/libtidepool_torch.so
 
 Checks: tidepool.torch.use() installs the allocator; a small model trains
-(the loss falls); tidepool.torch.memory_stats() agrees with the tensors PyTorch
+(the loss falls); tidepool_torch.memory_stats() agrees with the tensors PyTorch
 holds (a new tensor of n bytes adds n rounded up to 256 to bytes_in_use, and
 freeing it takes them away); everything PyTorch frees goes back to the pool.
 Exits non-zero with the failed check.
 """
 import gc
+import importlib.util
+import os
 import sys
 
-import tidepool.torch
-
-tidepool.torch.use()  # before the first CUDA allocation
+_spec = importlib.util.spec_from_file_location(
+    "tidepool_torch", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python",
+                                   "tidepool", "torch.py"))
+tidepool_torch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tidepool_torch)
+tidepool_torch.use(sys.argv[1] if len(sys.argv) > 1 else None)  # before the first CUDA allocation
 
 import torch  # noqa: E402
 
@@ -31,7 +37,7 @@ def check(condition, what):
 
 def stats():
     torch.cuda.synchronize()
-    return tidepool.torch.memory_stats(0)
+    return tidepool_torch.memory_stats(0)
 
 
 def rounded(n):
@@ -55,7 +61,7 @@ for step in range(200):
 check(losses[-1] < 0.5 * losses[0], f"the model trains: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
 s = stats()
-check(bool(s), "tidepool.torch.memory_stats() reports the pool")
+check(bool(s), "tidepool_torch.memory_stats() reports the pool")
 check(s.get("num_allocs", 0) > 0, f"PyTorch allocated through tidepool ({s.get('num_allocs')} allocations)")
 parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 check(s["bytes_in_use"] >= 3 * parameter_bytes,
@@ -80,7 +86,7 @@ final = stats()
 print(f"after freeing everything: bytes_in_use {final['bytes_in_use']} (cuBLAS workspaces may stay), "
       f"bytes_reserved {final['bytes_reserved']}, peak {final['peak_bytes_in_use']}")
 check(final["bytes_in_use"] < before, "bytes_in_use falls when the model is freed")
-check(tidepool.torch.last_error() == "", f"no allocator errors ({tidepool.torch.last_error()!r})")
+check(tidepool_torch.last_error() == "", f"no allocator errors ({tidepool_torch.last_error()!r})")
 
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)

@@ -9,17 +9,21 @@
 #include "tidepool/units.hpp"
 
 namespace tidepool {
-namespace {
 
-/// The LedgerDevice at or below `device`, or nullptr.
-LedgerDevice* find_ledger_device(Device& device) {
-  for (Device* current = &device; current != nullptr;) {
-    if (auto* ledger = dynamic_cast<LedgerDevice*>(current)) return ledger;
-    auto* adaptor = dynamic_cast<DeviceAdaptor*>(current);
+const LedgerDevice* find_ledger_device(const Device& device) {
+  for (const Device* current = &device; current != nullptr;) {
+    if (const auto* ledger = dynamic_cast<const LedgerDevice*>(current)) return ledger;
+    const auto* adaptor = dynamic_cast<const DeviceAdaptor*>(current);
     current = adaptor != nullptr ? &adaptor->upstream() : nullptr;
   }
   return nullptr;
 }
+
+LedgerDevice* find_ledger_device(Device& device) {
+  return const_cast<LedgerDevice*>(find_ledger_device(std::as_const(device)));
+}
+
+namespace {
 
 /// Owns a pool whose trim answers the ledger's requests. The pool holds the
 /// device chain, so the LedgerDevice outlives this object; the hooks are

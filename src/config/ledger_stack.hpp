@@ -6,8 +6,13 @@
 
 #include "tidepool/allocator.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/ledger.hpp"
 
 namespace tidepool {
+
+/// The LedgerDevice at or below `device` (through DeviceAdaptors), or nullptr.
+LedgerDevice* find_ledger_device(Device& device);
+const LedgerDevice* find_ledger_device(const Device& device);
 
 /// `pool` as is when no LedgerDevice lies under its device; otherwise an
 /// allocator that owns the pool, has registered its trim() (not for mode

@@ -78,6 +78,14 @@ Status mode_supported(Mode mode, const Device& device) {
                                      device.description() + " has none");
       return {};
     case Mode::cuda_async:
+      // The driver's pool takes its memory from the driver itself: a ledger
+      // above the device would never see those bytes, nor hold the quota.
+      if (find_ledger_device(device) != nullptr)
+        return unavailable(mode, "the driver's pool allocates around the cross-process ledger "
+                                 "(TIDEPOOL_LEDGER or TIDEPOOL_QUOTA is set), which would neither see nor "
+                                 "limit its memory; allowed with the ledger: the bfc, growth, platform and "
+                                 "expandable modes, or run the program under `tidepool run --quota`, whose "
+                                 "interposer accounts cuMemAllocFromPoolAsync");
 #ifdef TIDEPOOL_HAVE_CUDA
       if (find_cuda_device(device) == nullptr)
         return unavailable(mode, "it needs the CUDA device (TIDEPOOL_DEVICE=cuda), not " +

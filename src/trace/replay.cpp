@@ -73,9 +73,9 @@ Config host_config(Mode mode, std::size_t capacity_bytes, const Config& base) {
   return config;
 }
 
-Expected<Stack> make_stack(Mode mode, std::size_t capacity_bytes, const Config& base) {
-  const Config config = host_config(mode, capacity_bytes, base);
-  auto device = make_device(config);
+Expected<Stack> make_stack(Mode mode, std::size_t capacity_bytes, const ReplayOptions& options) {
+  const Config config = host_config(mode, capacity_bytes, options.config);
+  auto device = options.device ? options.device() : make_device(config);
   if (!device) return std::move(device).error();
   Stack stack;
   stack.counting = std::make_shared<CountingDevice>(std::move(*device));
@@ -237,7 +237,7 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
     return Error(Errc::invalid_argument, "replay passes " + std::to_string(options.passes) +
                                              " is out of range; allowed: 1 to " + std::to_string(kMaxPasses));
   }
-  auto made = make_stack(mode, capacity_bytes, options.config);
+  auto made = make_stack(mode, capacity_bytes, options);
   if (!made) return std::move(made).error();
   Stack& stack = *made;
   Allocator& pool = *stack.pool;
@@ -330,6 +330,10 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
           if (ptr != nullptr && end > highest_end) highest_end = end;
           if (options.verify_contents && ptr != nullptr) {
             fill_pattern(ptr, static_cast<std::size_t>(event.bytes), event.block);
+          }
+          if (options.touch && ptr != nullptr) {
+            if (Status touched = options.touch(ptr, static_cast<std::size_t>(event.bytes), event.stream); !touched)
+              return std::move(touched).error();
           }
           break;
         }

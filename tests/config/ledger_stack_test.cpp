@@ -210,6 +210,26 @@ TEST(LedgerStack, AGrowthPoolAnswersTrimRequestsAndUnregistersWhenDestroyed) {
   EXPECT_FALSE(host.snapshot().entries.at(0).answers_trim);
 }
 
+// The driver's stream-ordered pool allocates around the ledger: the stack
+// refuses the combination, naming the variables, rather than let it bypass
+// the quota (any build: the ledger is checked before the CUDA device).
+TEST(LedgerStack, TheCudaAsyncPoolIsRefusedOverTheLedger) {
+  UniqueHost host(64 * MiB);
+  Config config = load_ok({{"TIDEPOOL_QUOTA", "0.5"}});
+  auto device = make_ledger_device(config, host.device());
+  ASSERT_TRUE(device) << device.error().message();
+  Status supported = mode_supported(Mode::cuda_async, **device);
+  ASSERT_FALSE(supported);
+  EXPECT_EQ(supported.error().code(), Errc::unsupported);
+  EXPECT_NE(supported.error().message().find("mode cuda_async is not available: the driver's pool allocates "
+                                             "around the cross-process ledger (TIDEPOOL_LEDGER or TIDEPOOL_QUOTA"),
+            std::string::npos)
+      << supported.error().message();
+  auto pool = make_allocator(Mode::cuda_async, config, *device);
+  ASSERT_FALSE(pool);
+  EXPECT_NE(pool.error().message().find("tidepool run --quota"), std::string::npos) << pool.error().message();
+}
+
 TEST(LedgerStack, WithoutTheLedgerNoDecoratorAndNoWrapper) {
   UniqueHost host(64 * MiB);
   Config config = load_ok({{"TIDEPOOL_ALLOCATOR", "growth"}});

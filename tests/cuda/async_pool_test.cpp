@@ -138,7 +138,10 @@ TEST_F(AsyncPoolTest, BadFreesAreErrorsThatChangeNothing) {
 }
 
 TEST_F(AsyncPoolTest, TooLargeARequestIsOutOfMemoryWithTheCudaError) {
-  auto async = pool();
+  // A limit above the device, so that the driver is the one that refuses.
+  AsyncPoolOptions options;
+  options.bytes_limit = device_->mem_info().total_bytes * 4;
+  auto async = pool(options);
   const std::size_t too_much = device_->mem_info().total_bytes * 2;
   Expected<void*> ptr = async->allocate(too_much);
   ASSERT_FALSE(ptr);
@@ -149,6 +152,25 @@ TEST_F(AsyncPoolTest, TooLargeARequestIsOutOfMemoryWithTheCudaError) {
   Expected<void*> small = async->allocate(MiB);
   ASSERT_TRUE(small) << small.error().message();
   EXPECT_TRUE(async->deallocate(*small));
+}
+
+// The limit holds before the driver is asked (it used to be only reported).
+TEST_F(AsyncPoolTest, TheLimitIsEnforced) {
+  AsyncPoolOptions options;
+  options.bytes_limit = 64 * MiB;
+  auto async = pool(options);
+  Expected<void*> most = async->allocate(48 * MiB);
+  ASSERT_TRUE(most) << most.error().message();
+  Expected<void*> past = async->allocate(32 * MiB);
+  ASSERT_FALSE(past);
+  EXPECT_EQ(past.error().code(), Errc::out_of_memory);
+  EXPECT_NE(past.error().message().find("limit of 64.0 MiB"), std::string::npos) << past.error().message();
+  EXPECT_EQ(async->stats().num_ooms, 1);
+  Expected<void*> rest = async->allocate(16 * MiB);  // exactly up to the limit
+  ASSERT_TRUE(rest) << rest.error().message();
+  EXPECT_TRUE(async->deallocate(*most));
+  EXPECT_TRUE(async->deallocate(*rest));
+  EXPECT_LE(async->stats().peak_bytes_in_use, static_cast<std::int64_t>(64 * MiB));
 }
 
 TEST_F(AsyncPoolTest, StreamOrderedUseAcrossStreams) {

@@ -1,9 +1,14 @@
-/* A fake CUDA driver for the interposer's test: exports the driver symbols
- * the interposer wraps (and the two it asks: cuCtxGetDevice, cuDeviceGetUuid_v2)
- * with the driver's ABI, counts the calls that reach it, and hands out fake
- * addresses (never dereferenced) from a 16 GiB "device". Like the real
- * driver, cuGetProcAddress answers with internal functions, not with the
- * exported symbols (which LD_PRELOAD replaces). */
+/* A fake CUDA driver for the interposer's test, built as libcuda.so.1 (the
+ * interposer looks for that name when the driver is loaded RTLD_LOCAL):
+ * exports the driver symbols the interposer wraps (and those it asks:
+ * cuCtxGetDevice, cuDeviceGetUuid_v2, cuDeviceTotalMem_v2) with the driver's
+ * ABI, counts the calls that reach it, and hands out fake addresses (never
+ * dereferenced) from two "devices", 16 GiB and 8 GiB. cuInit makes device 0
+ * current; fake_cuda_set_current() changes that (-1: no context). Like the
+ * real driver, cuGetProcAddress answers with internal functions, not with
+ * the exported symbols (which LD_PRELOAD replaces), and from CUDA 99.0 on it
+ * answers "cuMemAlloc" with a newer revision (the same behaviour, another
+ * function), as a future driver would. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,23 +17,26 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-static const size_t kTotal = (size_t)16 << 30;
-enum { kMaxLive = 4096 };
+enum { kDevices = 2, kMaxLive = 4096 };
+static const size_t kTotal[kDevices] = {(size_t)16 << 30, (size_t)8 << 30};
 static struct {
   unsigned long long key; /* address or handle; 0: empty */
   size_t bytes;
+  int device;
 } live[kMaxLive];
-static size_t used;
+static size_t used[kDevices];
 static unsigned long long next_address;
 static unsigned long long next_handle = 1;
 static int initialized;
+static int current = -1; /* the current context's device; -1: none */
 static struct fake_cuda_counts counts;
 
-static int remember(unsigned long long key, size_t bytes) {
+static int remember(unsigned long long key, size_t bytes, int device) {
   for (int i = 0; i < kMaxLive; ++i)
     if (live[i].key == 0) {
       live[i].key = key;
       live[i].bytes = bytes;
+      live[i].device = device;
       return 1;
     }
   return 0;
@@ -39,21 +47,23 @@ static size_t forget(unsigned long long key) {
   for (int i = 0; i < kMaxLive; ++i)
     if (key != 0 && live[i].key == key) {
       live[i].key = 0;
-      used -= live[i].bytes;
+      used[live[i].device] -= live[i].bytes;
       return live[i].bytes;
     }
   return 0;
 }
 
+/* An address on the current context's device. */
 static int take(size_t bytes, unsigned long long* address) {
   if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (bytes == 0 || address == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if (bytes > kTotal - used) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (bytes > kTotal[current] - used[current]) return CUDA_ERROR_OUT_OF_MEMORY;
   if (next_address == 0) next_address = ((unsigned long long)(uintptr_t)malloc(4096) + 511) & ~511ull;
   unsigned long long a = next_address;
   next_address += (bytes + 511) & ~(unsigned long long)511;
-  if (!remember(a, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  used += bytes;
+  if (!remember(a, bytes, current)) return CUDA_ERROR_OUT_OF_MEMORY;
+  used[current] += bytes;
   *address = a;
   return CUDA_SUCCESS;
 }
@@ -61,19 +71,34 @@ static int take(size_t bytes, unsigned long long* address) {
 static int impl_init(unsigned int flags) {
   (void)flags;
   initialized = 1;
+  current = 0;
   return CUDA_SUCCESS;
 }
 static int impl_ctx_get_device(int* device) {
   if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-  *device = 0;
+  if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = current;
   return CUDA_SUCCESS;
 }
 static int impl_device_get_uuid(fake_uuid* uuid, int device) {
-  if (device != 0) return CUDA_ERROR_INVALID_VALUE;
-  for (int i = 0; i < 16; ++i) uuid->bytes[i] = (char)(0xf0 + i);
+  if (device < 0 || device >= kDevices) return CUDA_ERROR_INVALID_DEVICE;
+  for (int i = 0; i < 16; ++i) uuid->bytes[i] = (char)(0xf0 + i - 0x10 * device);
+  return CUDA_SUCCESS;
+}
+static int impl_device_total_mem(size_t* bytes, int device) {
+  ++counts.device_total_mem;
+  if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (device < 0 || device >= kDevices) return CUDA_ERROR_INVALID_DEVICE;
+  if (bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *bytes = kTotal[device];
   return CUDA_SUCCESS;
 }
 static int impl_mem_alloc(unsigned long long* dptr, size_t bytes) {
+  ++counts.mem_alloc;
+  return take(bytes, dptr);
+}
+/* A future revision of cuMemAlloc (CUDA 99.0 on): only its address differs. */
+static int impl_mem_alloc_next(unsigned long long* dptr, size_t bytes) {
   ++counts.mem_alloc;
   return take(bytes, dptr);
 }
@@ -84,8 +109,9 @@ static int impl_mem_free(unsigned long long dptr) {
 static int impl_mem_get_info(size_t* free_bytes, size_t* total_bytes) {
   ++counts.mem_get_info;
   if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-  *free_bytes = kTotal - used;
-  *total_bytes = kTotal;
+  if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *free_bytes = kTotal[current] - used[current];
+  *total_bytes = kTotal[current];
   return CUDA_SUCCESS;
 }
 static int impl_mem_alloc_async(unsigned long long* dptr, size_t bytes, void* stream) {
@@ -106,14 +132,17 @@ static int impl_mem_free_async_ptsz(unsigned long long dptr, void* stream) {
   ++counts.per_thread_stream_calls;
   return impl_mem_free_async(dptr, stream);
 }
+/* Needs no current context: the device is prop->location.id. */
 static int impl_mem_create(unsigned long long* handle, size_t bytes, const void* prop, unsigned long long flags) {
   (void)flags;
   ++counts.mem_create;
   if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
   if (handle == NULL || prop == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (bytes > kTotal - used) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (!remember(next_handle, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  used += bytes;
+  const int device = ((const fake_allocation_prop*)prop)->location.id;
+  if (device < 0 || device >= kDevices) return CUDA_ERROR_INVALID_DEVICE;
+  if (bytes > kTotal[device] - used[device]) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!remember(next_handle, bytes, device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  used[device] += bytes;
   *handle = next_handle++;
   return CUDA_SUCCESS;
 }
@@ -145,6 +174,8 @@ static int impl_get_proc_address_v2(const char* symbol, void** pfn, int version,
   if (strcmp(symbol, "cuInit") == 0) ANSWER(impl_init);
   else if (strcmp(symbol, "cuCtxGetDevice") == 0) ANSWER(impl_ctx_get_device);
   else if (strcmp(symbol, "cuDeviceGetUuid") == 0) ANSWER(impl_device_get_uuid);
+  else if (strcmp(symbol, "cuDeviceTotalMem") == 0 && version >= 3020) ANSWER(impl_device_total_mem);
+  else if (strcmp(symbol, "cuMemAlloc") == 0 && version >= 99000) ANSWER(impl_mem_alloc_next);
   else if (strcmp(symbol, "cuMemAlloc") == 0 && version >= 3020) ANSWER(impl_mem_alloc);
   else if (strcmp(symbol, "cuMemFree") == 0 && version >= 3020) ANSWER(impl_mem_free);
   else if (strcmp(symbol, "cuMemGetInfo") == 0 && version >= 3020) ANSWER(impl_mem_get_info);
@@ -167,6 +198,7 @@ static int impl_get_proc_address_v2(const char* symbol, void** pfn, int version,
 EXPORT int cuInit(unsigned int flags) { return impl_init(flags); }
 EXPORT int cuCtxGetDevice(int* device) { return impl_ctx_get_device(device); }
 EXPORT int cuDeviceGetUuid_v2(fake_uuid* uuid, int device) { return impl_device_get_uuid(uuid, device); }
+EXPORT int cuDeviceTotalMem_v2(size_t* bytes, int device) { return impl_device_total_mem(bytes, device); }
 EXPORT int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) { return impl_mem_alloc(dptr, bytes); }
 EXPORT int cuMemFree_v2(unsigned long long dptr) { return impl_mem_free(dptr); }
 EXPORT int cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
@@ -194,4 +226,5 @@ EXPORT int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint
 }
 
 EXPORT void fake_cuda_get_counts(struct fake_cuda_counts* out) { *out = counts; }
-EXPORT size_t fake_cuda_used_bytes(void) { return used; }
+EXPORT size_t fake_cuda_used_bytes(void) { return used[0] + used[1]; }
+EXPORT void fake_cuda_set_current(int device) { current = device; }

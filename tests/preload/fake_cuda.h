@@ -10,6 +10,8 @@ enum {
   CUDA_ERROR_INVALID_VALUE = 1,
   CUDA_ERROR_OUT_OF_MEMORY = 2,
   CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
   CUDA_ERROR_NOT_FOUND = 500
 };
 
@@ -32,13 +34,16 @@ typedef struct {
 /* Calls that reached the driver. */
 struct fake_cuda_counts {
   long mem_alloc, mem_free, mem_get_info, mem_alloc_async, mem_free_async;
-  long mem_create, mem_release, get_proc_address, per_thread_stream_calls;
+  long mem_create, mem_release, get_proc_address, per_thread_stream_calls, device_total_mem;
 };
 
 int cuInit(unsigned int flags);
 int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes);
 int cuMemFree_v2(unsigned long long dptr);
 int cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes);
+int cuDeviceTotalMem_v2(size_t* bytes, int device);
+int cuMemAllocAsync(unsigned long long* dptr, size_t bytes, void* stream);
+int cuMemFreeAsync(unsigned long long dptr, void* stream);
 int cuMemCreate(unsigned long long* handle, size_t bytes, const void* prop, unsigned long long flags);
 int cuMemRelease(unsigned long long handle);
 int cuGetProcAddress(const char* symbol, void** pfn, int version, uint64_t flags);
@@ -46,5 +51,7 @@ int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint64_t fl
 
 void fake_cuda_get_counts(struct fake_cuda_counts* out);
 size_t fake_cuda_used_bytes(void);
+/* Makes `device`'s context current; -1: none. */
+void fake_cuda_set_current(int device);
 
 #endif

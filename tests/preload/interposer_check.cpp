@@ -231,6 +231,112 @@ TEST(Interposer, QuotasAreGuaranteesBetweenProcesses) {
   EXPECT_EQ(first.finish(), 0);
 }
 
+/// preload_cases CASE under `tidepool run --quota QUOTA`, finished.
+struct CaseRun {
+  explicit CaseRun(const char* name, const char* quota)
+      : segment(segment_name(name)),
+        cleanup{segment},
+        app({TIDEPOOL_CLI, "run", "--quota", quota, "--ledger", segment, "--", PRELOAD_CASES, name}) {
+    status = app.finish();
+  }
+  std::string segment;
+  RemoveSegment cleanup;
+  Child app;
+  int status = -1;
+};
+
+// Bug: dlsym(RTLD_DEFAULT) found the interposer's own export, which was then
+// stored as the real function: the wrapper called itself (out of memory with
+// a 1 GiB quota, a stack overflow with a larger one).
+TEST(Interposer, DlsymOfTheDefaultScopeFindsTheDriverOnce) {
+  CaseRun run("default-dlsym", "1GiB");
+  ASSERT_EQ(run.status, 0) << run.app.errors();
+  EXPECT_EQ(run.app.numbers("default_alloc"), (std::vector<long long>{0, 0})) << run.app.errors();
+  // Both are accounted once: the quota less 64 MiB + 4 KiB is free.
+  EXPECT_EQ(run.app.number("default_info", 1), static_cast<long long>(GiB));
+  EXPECT_EQ(run.app.number("default_info", 0), static_cast<long long>(GiB - 64 * MiB - 4096));
+  EXPECT_EQ(run.app.numbers("default_free"), (std::vector<long long>{0, 0}));
+  EXPECT_EQ(run.app.numbers("direct"), (std::vector<long long>{0, 0}));
+  EXPECT_EQ(run.app.text("driver_calls"),
+            " mem_alloc=3 mem_free=3 mem_alloc_async=0 mem_free_async=0 mem_create=0 mem_release=0 per_thread=0");
+}
+
+// Bug: the per-thread-stream function asked first took slot 0, and the
+// exported (legacy) cuMemAllocAsync then forwarded to it.
+TEST(Interposer, LegacyStreamCallersKeepTheLegacyFunction) {
+  CaseRun run("ptds-first", "1GiB");
+  ASSERT_EQ(run.status, 0) << run.app.errors();
+  EXPECT_EQ(run.app.numbers("ptsz"), (std::vector<long long>{0, 0, 0}));
+  EXPECT_EQ(run.app.numbers("legacy"), (std::vector<long long>{0, 0}));
+  // Two per-thread calls (the alloc and free asked for), then two legacy ones.
+  EXPECT_EQ(run.app.text("driver_calls"),
+            " mem_alloc=0 mem_free=0 mem_alloc_async=2 mem_free_async=2 mem_create=0 mem_release=0 per_thread=2");
+}
+
+// Bug: slot 0 came from RTLD_NEXT only, so a library that loaded the driver
+// RTLD_LOCAL (a Python extension) got CUDA_ERROR_NOT_FOUND from every call.
+TEST(Interposer, DriverLoadedLocallyIsFound) {
+  const std::string name = segment_name("local");
+  RemoveSegment cleanup{name};
+  Child app({TIDEPOOL_CLI, "run", "--quota", "1GiB", "--ledger", name, "--", LOCAL_APP, LOCAL_EXTENSION});
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  EXPECT_EQ(app.numbers("local"), (std::vector<long long>{0, 0})) << app.errors();
+  // The ledger saw it: the peak holds the 64 MiB.
+  auto ledger = tidepool::Ledger::open_existing(name);
+  ASSERT_TRUE(ledger) << ledger.error().message();
+  auto snapshot = (*ledger)->snapshot();
+  ASSERT_TRUE(snapshot);
+  EXPECT_EQ(snapshot->peak_reserved_bytes, 64 * MiB);
+}
+
+// Bug: cuMemCreate's registration sized the quota from the current context
+// (none here) rather than prop->location.id, and one failure was kept for good.
+TEST(Interposer, CreateIsAccountedOnTheDeviceItNames) {
+  RemoveSegment device1{segment_name("create") + "-1"};  // device 1's ledger
+  CaseRun run("create", "50%");
+  ASSERT_EQ(run.status, 0) << run.app.errors();
+  // Before cuInit the device cannot be sized: refused, and said.
+  EXPECT_EQ(run.app.number("create_uninitialized"), kOutOfMemory);
+  EXPECT_NE(run.app.errors().find("device 0 is not accounted in the ledger"), std::string::npos)
+      << run.app.errors();
+  // Device 1 (8 GiB) with no current context: its quota is 4 GiB, so 3 GiB
+  // fits and 2 GiB more does not (50% of device 0's 16 GiB would have let it).
+  EXPECT_EQ(run.app.numbers("create_device1"), (std::vector<long long>{0, kOutOfMemory}));
+  EXPECT_EQ(run.app.number("release_device1"), 0);
+  // Device 0 is registered once the driver can answer.
+  EXPECT_EQ(run.app.numbers("create_device0"), (std::vector<long long>{0, 0}));
+  EXPECT_EQ(run.app.text("driver_calls"),
+            " mem_alloc=0 mem_free=0 mem_alloc_async=0 mem_free_async=0 mem_create=2 mem_release=2 per_thread=0");
+}
+
+TEST(Interposer, DeviceTotalMemoryIsTheQuota) {
+  CaseRun run("total-mem", "25%");
+  ASSERT_EQ(run.status, 0) << run.app.errors();
+  EXPECT_EQ(run.app.numbers("total"), (std::vector<long long>{0, static_cast<long long>(4 * GiB), 0,
+                                                              static_cast<long long>(2 * GiB)}));
+  EXPECT_EQ(run.app.numbers("proc_total"), (std::vector<long long>{0, 0, static_cast<long long>(4 * GiB)}));
+  EXPECT_EQ(run.app.number("bad_device"), 101);  // the driver's CUDA_ERROR_INVALID_DEVICE
+  EXPECT_EQ(run.app.numbers("total_after_alloc"), (std::vector<long long>{0, static_cast<long long>(4 * GiB), 0}));
+
+  Child plain({PRELOAD_CASES, "total-mem"});
+  ASSERT_EQ(plain.finish(), 0) << plain.errors();
+  EXPECT_EQ(plain.number("total", 1), static_cast<long long>(kFakeTotal));
+}
+
+// A cuGetProcAddress answer newer than the signatures the interposer knows
+// is handed out unwrapped, and said; the same function at a newer version is
+// wrapped as at the known one.
+TEST(Interposer, NewerRevisionsAreNotWrappedBlindly) {
+  CaseRun run("future", "1GiB");
+  ASSERT_EQ(run.status, 0) << run.app.errors();
+  EXPECT_EQ(run.app.number("future_lookup"), 0);
+  EXPECT_EQ(run.app.number("future_same_free"), 1);
+  EXPECT_EQ(run.app.number("future_same_alloc"), 0);
+  EXPECT_EQ(run.app.number("future_alloc"), 0);  // 2 GiB past the 1 GiB quota: not accounted
+  EXPECT_NE(run.app.errors().find("cuGetProcAddress(\"cuMemAlloc\", cudaVersion=99000)"), std::string::npos)
+      << run.app.errors();
+}
+
 TEST(RunCommand, RefusesBadArguments) {
   Child bad_quota({TIDEPOOL_CLI, "run", "--quota", "150%", "--", PRELOAD_APP});
   EXPECT_EQ(bad_quota.finish(), 1);

@@ -34,7 +34,8 @@ TEST(TidepoolCommand, NoSubcommandIsAnError) {
 }
 
 TEST(TidepoolInfo, DefaultsAndWhereTheyCameFrom) {
-  Result result = run_cli({"info"}, {});
+  // Pinned to the host device: on a machine with a GPU the default is the GPU.
+  Result result = run_cli({"info"}, {"TIDEPOOL_DEVICE=host"});
   ASSERT_EQ(result.exit_status, 0) << result.err;
   const std::string& out = result.out;
   EXPECT_TRUE(contains(out, "Device")) << out;
@@ -54,7 +55,7 @@ TEST(TidepoolInfo, DefaultsAndWhereTheyCameFrom) {
 }
 
 TEST(TidepoolInfo, SaysWhichVariableSetWhat) {
-  Result result = run_cli({"info"}, {"XLA_PYTHON_CLIENT_PREALLOCATE=false",
+  Result result = run_cli({"info"}, {"TIDEPOOL_DEVICE=host", "XLA_PYTHON_CLIENT_PREALLOCATE=false",
                                      "XLA_CLIENT_MEM_FRACTION=0.5", "TIDEPOOL_HOST_CAPACITY=80GiB"});
   ASSERT_EQ(result.exit_status, 0) << result.err;
   const std::string& out = result.out;
@@ -137,7 +138,7 @@ TEST(TidepoolInfo, CudaDeviceWithoutCudaFails) {
 
 TEST(TidepoolInfo, Json) {
   Result result = run_cli({"info", "--json"},
-                          {"TIDEPOOL_ALLOCATOR=growth", "TIDEPOOL_HOST_CAPACITY=1GiB",
+                          {"TIDEPOOL_DEVICE=host", "TIDEPOOL_ALLOCATOR=growth", "TIDEPOOL_HOST_CAPACITY=1GiB",
                            "XLA_PYTHON_CLIENT_PREALLOCATE=FALSE"});
   ASSERT_EQ(result.exit_status, 0) << result.err;
   auto info = nlohmann::json::parse(result.out, nullptr, /*allow_exceptions=*/false);

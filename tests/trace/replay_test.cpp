@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "tidepool/host_device.hpp"
 #include "tidepool/trace_io.hpp"
 #include "tidepool/units.hpp"
 
@@ -211,6 +214,43 @@ TEST(Replay, VerifyContentsWritesAndChecksEveryBlock) {
     ASSERT_TRUE(result) << mode_name(mode) << ": " << result.error().message();
     EXPECT_EQ(result->ooms, 0u);
   }
+}
+
+// The GPU replay's hooks (bench/gpu_replay_bench), here with a host device:
+// the replay runs on the device given, and every block handed out is touched.
+TEST(Replay, RunsOnTheDeviceGivenAndTouchesEveryBlock) {
+  TraceBuilder builder;
+  const std::uint32_t a = builder.alloc(3 * MiB);
+  const std::uint32_t b = builder.alloc(5000);
+  builder.free(a);
+  builder.free(b);
+  ReplayOptions options = on_capacity(256 * MiB);
+  int made = 0;
+  options.device = [&made]() -> Expected<std::shared_ptr<Device>> {
+    ++made;
+    HostDeviceOptions host;
+    host.capacity = 64 * MiB;
+    auto device = HostDevice::create(host);
+    if (!device) return std::move(device).error();
+    return std::shared_ptr<Device>(std::move(*device));
+  };
+  std::vector<std::size_t> touched;
+  options.touch = [&touched](void* ptr, std::size_t bytes, Stream) -> Status {
+    std::memset(ptr, 0xA5, bytes);  // real memory: the pool handed out at least `bytes`
+    touched.push_back(bytes);
+    return {};
+  };
+  auto result = replay_mode(builder.trace(), Mode::growth, options);
+  ASSERT_TRUE(result) << result.error().message();
+  EXPECT_EQ(made, 1);
+  EXPECT_EQ(touched, (std::vector<std::size_t>{3 * MiB, 5000}));
+  // The device given, not the 256 MiB host device: 75% of its 64 MiB is the limit.
+  EXPECT_EQ(result->stats.bytes_limit, static_cast<std::int64_t>(48 * MiB));
+
+  options.touch = [](void*, std::size_t, Stream) -> Status { return Error(Errc::device_error, "no memset"); };
+  auto refused = replay_mode(builder.trace(), Mode::growth, options);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().message(), "no memset");
 }
 
 TEST(Replay, InconsistentTracesAreErrorsNamingTheEvent) {

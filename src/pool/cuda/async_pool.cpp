@@ -136,6 +136,21 @@ Expected<void*> AsyncPool::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return static_cast<void*>(nullptr);
   State& s = *state_;
   std::lock_guard lock(s.mutex);
+  // The limit holds as in the other pools (sizes and limit rounded as they
+  // round), before the driver is asked: its pool would grow to the whole device.
+  const std::size_t counted = round_up(bytes, kStatsGranule);
+  if (static_cast<std::size_t>(s.usage.bytes_in_use) + counted > round_up(s.bytes_limit, kStatsGranule)) {
+    ++s.usage.num_ooms;
+    OomReport report;
+    report.requested_bytes = bytes;
+    report.bytes_in_use = static_cast<std::size_t>(s.usage.bytes_in_use);
+    report.bytes_reserved = s.attribute(cudaMemPoolAttrReservedMemCurrent);
+    report.device_free_bytes = s.cuda_device->mem_info().free_bytes;
+    report.largest_free_block_bytes = round_up(s.bytes_limit, kStatsGranule) - report.bytes_in_use;
+    report.hint = "the pool's limit of " + format_bytes(s.bytes_limit) +
+                  " (XLA_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_MEM_FRACTION of the device) is reached";
+    return Error::out_of_memory(s.who(), std::move(report));
+  }
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   void* ptr = nullptr;
@@ -167,7 +182,7 @@ Expected<void*> AsyncPool::allocate(std::size_t bytes, Stream stream) {
     return Error::out_of_memory(s.who(), std::move(report));
   }
   s.live.add(ptr, {bytes, stream});
-  s.usage.allocated(round_up(bytes, kStatsGranule));
+  s.usage.allocated(counted);
   return ptr;
 }
 
