@@ -4,11 +4,17 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -58,9 +64,114 @@ std::string setting_text(const std::string& key, const py::handle& value) {
                                           ": expected a str, int, float or bool"));
 }
 
+/// The stats with JAX's Device.memory_stats() names, in Stats::items()
+/// order, plus XLA's bytes_reservable_limit after peak_bytes_reserved (as
+/// AllocatorStats orders them): "the upper limit on the number of bytes of
+/// reservable memory". A pool never holds more than bytes_limit from the
+/// device, so that is its value here. It is not a Stats item because the C
+/// ABI's tidepool_stats mirrors items() field for field.
 py::dict stats_dict(const Stats& stats) {
   py::dict out;
-  for (const auto& [name, value] : stats.items()) out[py::str(std::string(name))] = value;
+  for (const auto& [name, value] : stats.items()) {
+    out[py::str(std::string(name))] = value;
+    if (name == "peak_bytes_reserved") out["bytes_reservable_limit"] = stats.bytes_limit;
+  }
+  return out;
+}
+
+/// Peaks since reset_peak_memory_stats(). The pools keep their peaks since
+/// creation and have no reset, so after a reset the binding tracks the peaks
+/// itself: in use and reserved rise only when a block is allocated, so
+/// observing the stats after each allocation made through this Allocator
+/// gives the exact peaks of the window.
+class PeakWindow {
+ public:
+  void reset(const Stats& now) {
+    std::lock_guard lock(mutex_);
+    active_ = true;
+    peak_in_use_ = now.bytes_in_use;
+    peak_reserved_ = now.bytes_reserved;
+    peak_pool_ = now.pool_bytes;
+  }
+  bool active() const {
+    std::lock_guard lock(mutex_);
+    return active_;
+  }
+  void observe(const Stats& now) {
+    std::lock_guard lock(mutex_);
+    peak_in_use_ = std::max(peak_in_use_, now.bytes_in_use);
+    peak_reserved_ = std::max(peak_reserved_, now.bytes_reserved);
+    peak_pool_ = std::max(peak_pool_, now.pool_bytes);
+  }
+  /// `stats` with the window's peaks when a reset has happened.
+  Stats apply(Stats stats) const {
+    std::lock_guard lock(mutex_);
+    if (!active_) return stats;
+    stats.peak_bytes_in_use = std::max(peak_in_use_, stats.bytes_in_use);
+    stats.peak_bytes_reserved = std::max(peak_reserved_, stats.bytes_reserved);
+    stats.peak_pool_bytes = std::max(peak_pool_, stats.pool_bytes);
+    return stats;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  bool active_ = false;
+  std::int64_t peak_in_use_ = 0;
+  std::int64_t peak_reserved_ = 0;
+  std::int64_t peak_pool_ = 0;
+};
+
+/// One row of memory_summary(): a name and up to two columns.
+std::string summary_row(std::string_view name, const std::string& current, const std::string& peak = {}) {
+  std::string row = " " + std::string(name);
+  row.resize(std::max<std::size_t>(row.size() + 1, 34), ' ');
+  std::string value = current;
+  if (value.size() < 14) value.insert(0, 14 - value.size(), ' ');
+  row += "| " + value;
+  if (!peak.empty()) {
+    std::string padded = peak;
+    if (padded.size() < 14) padded.insert(0, 14 - padded.size(), ' ');
+    row += " | " + padded;
+  }
+  return row + "\n";
+}
+
+std::string bytes_text(std::int64_t bytes) { return format_bytes(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 0))); }
+
+/// memory_summary(): the stats as a text table, as torch.cuda.memory_summary()
+/// prints PyTorch's: sizes in binary units, current and peak side by side.
+std::string memory_summary_text(std::string_view pool_name, const std::string& device, const Stats& s) {
+  const std::string rule(66, '=');
+  const std::string thin(66, '-');
+  std::string out = rule + "\n";
+  out += " tidepool memory summary: " + std::string(pool_name) + " pool on " + device + "\n";
+  out += thin + "\n";
+  out += summary_row("Metric", "Current", "Peak");
+  out += thin + "\n";
+  out += summary_row("In use (bytes_in_use)", bytes_text(s.bytes_in_use), bytes_text(s.peak_bytes_in_use));
+  out += summary_row("Reserved (bytes_reserved)", bytes_text(s.bytes_reserved), bytes_text(s.peak_bytes_reserved));
+  out += summary_row("Pool (pool_bytes)", bytes_text(s.pool_bytes), bytes_text(s.peak_pool_bytes));
+  out += summary_row("Cached free", bytes_text(s.bytes_reserved - s.bytes_in_use));
+  out += thin + "\n";
+  out += summary_row("Limit (bytes_limit)", bytes_text(s.bytes_limit));
+  out += summary_row("Largest free block", bytes_text(s.largest_free_block_bytes));
+  out += summary_row("Largest allocation", bytes_text(s.largest_alloc_size));
+  char fragmentation[32];
+  std::snprintf(fragmentation, sizeof fragmentation, "%.3f", s.fragmentation());
+  out += summary_row("Fragmentation", fragmentation);
+  out += thin + "\n";
+  out += summary_row("Allocations (num_allocs)", std::to_string(s.num_allocs));
+  out += summary_row("Out-of-memory refusals", std::to_string(s.num_ooms));
+  out += summary_row("Device allocations", std::to_string(s.num_device_allocs));
+  out += summary_row("Device frees", std::to_string(s.num_device_frees));
+  if (s.num_maps > 0 || s.bytes_mapped > 0) {
+    out += summary_row("Mapped (bytes_mapped)", bytes_text(s.bytes_mapped));
+    out += summary_row("Free granules", std::to_string(s.granules_free));
+    out += summary_row("Maps / unmaps", std::to_string(s.num_maps) + " / " + std::to_string(s.num_unmaps));
+    out += summary_row("Stitches", std::to_string(s.num_stitches));
+    out += summary_row("Granules released", std::to_string(s.num_releases));
+  }
+  out += rule + "\n";
   return out;
 }
 
@@ -76,6 +187,7 @@ class PyAllocator {
       const std::string name = py::str(key).cast<std::string>();
       settings.emplace_back(name, setting_text(name, value));
     }
+    py::gil_scoped_release unlocked;  // preallocation and the ledger's lock can take a while
     return build(bindings::config_from_settings(settings));
   }
   static std::unique_ptr<PyAllocator> from_env() { return build(Config::from_env()); }
@@ -86,7 +198,30 @@ class PyAllocator {
   void free(std::uintptr_t address, Stream stream) {
     check(pool().deallocate(reinterpret_cast<void*>(address), stream));
   }
-  py::dict memory_stats() const { return stats_dict(pool().stats()); }
+  py::dict memory_stats() const {
+    Stats stats;
+    {
+      py::gil_scoped_release unlocked;  // the pool's lock
+      stats = peaks_.apply(pool().stats());
+    }
+    return stats_dict(stats);
+  }
+  std::string memory_summary() const {
+    return memory_summary_text(pool().name(), device(), peaks_.apply(pool().stats()));
+  }
+  /// After allocate(): feeds the peak window once a reset has opened one.
+  void observe_peaks() {
+    if (peaks_.active()) peaks_.observe(pool().stats());
+  }
+  void reset_peak_memory_stats() { peaks_.reset(pool().stats()); }
+  /// "tidepool.Allocator(mode='growth', device='host (1.00 GiB)', bytes_in_use=0, bytes_reserved=0)".
+  std::string repr() const {
+    if (!stack_.allocator) return "tidepool.Allocator(closed)";
+    const Stats stats = pool().stats();
+    return "tidepool.Allocator(mode='" + name() + "', device='" + device() +
+           "', bytes_in_use=" + std::to_string(stats.bytes_in_use) +
+           ", bytes_reserved=" + std::to_string(stats.bytes_reserved) + ")";
+  }
   std::size_t trim() { return pool().trim(); }
   std::string dump() const { return pool().dump(); }
   std::string name() const { return std::string(pool().name()); }
@@ -102,6 +237,7 @@ class PyAllocator {
     return *stack_.allocator;
   }
   bindings::Stack stack_;
+  PeakWindow peaks_;
 };
 
 py::dict series_point(const trace::SeriesPoint& point) {
@@ -173,8 +309,16 @@ py::dict recorded_row(const trace::TraceReplay& replay, const trace::RecordedRep
 
 std::size_t bytes_argument(const char* name, const py::handle& value) {
   if (py::isinstance<py::int_>(value)) {
-    const auto bytes = value.cast<long long>();
-    if (bytes < 0) raise(Error(Errc::invalid_argument, std::string(name) + "=" + std::to_string(bytes) + ": must not be negative"));
+    // Compared as Python ints: any size, however far out of range, is a
+    // ValueError naming it (not pybind11's cast error).
+    const std::string text = py::str(value).cast<std::string>();
+    if (PyObject_RichCompareBool(value.ptr(), py::int_(0).ptr(), Py_LT) == 1)
+      raise(Error(Errc::invalid_argument, std::string(name) + "=" + text + ": must not be negative"));
+    const unsigned long long bytes = PyLong_AsUnsignedLongLong(value.ptr());
+    if (PyErr_Occurred() != nullptr) {
+      PyErr_Clear();
+      raise(Error(Errc::invalid_argument, std::string(name) + "=" + text + ": more bytes than a size can hold"));
+    }
     return static_cast<std::size_t>(bytes);
   }
   if (py::isinstance<py::str>(value)) {
@@ -185,6 +329,13 @@ std::size_t bytes_argument(const char* name, const py::handle& value) {
   }
   raise(Error(Errc::invalid_argument, std::string(name) + "=" + py::repr(value).cast<std::string>() +
                                           ": expected bytes as an int or a size like '80GiB'"));
+}
+
+/// Whether replay's `source` names a file rather than a built-in workload:
+/// a directory separator or an extension ("runs/a.pickle", "log.csv").
+/// Workload names are words with dashes.
+bool looks_like_a_path(const std::string& source) {
+  return source.find('/') != std::string::npos || source.find('.') != std::string::npos;
 }
 
 py::list replay(const std::string& source, const std::optional<std::vector<std::string>>& mode_names,
@@ -203,12 +354,20 @@ py::list replay(const std::string& source, const std::optional<std::vector<std::
     modes = trace::default_replay_modes();
   }
 
+  std::error_code ignored;
+  const bool is_file = std::filesystem::exists(source, ignored);
+  if (!is_file && looks_like_a_path(source)) {
+    // Python's own exception for a missing file: errno, message and filename.
+    const py::object error = py::module_::import("builtins").attr("FileNotFoundError")(
+        ENOENT, "no such trace file (" + std::string(std::strerror(ENOENT)) + ")", source);
+    PyErr_SetObject(PyExc_FileNotFoundError, error.ptr());
+    throw py::error_already_set();
+  }
   trace::TraceReplay result;
   {
     py::gil_scoped_release unlocked;
-    std::error_code ignored;
     Expected<trace::Trace> trace =
-        std::filesystem::exists(source, ignored) ? trace::read_trace(source) : [&]() -> Expected<trace::Trace> {
+        is_file ? trace::read_trace(source) : [&]() -> Expected<trace::Trace> {
           auto workload = trace::make_workload(source);
           if (workload) return workload;
           return Error(Errc::invalid_argument, "'" + source + "' is neither a trace file nor a built-in workload (" +
@@ -223,16 +382,16 @@ py::list replay(const std::string& source, const std::optional<std::vector<std::
 }
 
 py::dict ledger_snapshot(const std::optional<std::string>& segment) {
-  std::string name;
-  if (segment) {
-    name = *segment;
-  } else {
-    // The ledger of the device the environment configures (as `tidepool info`).
-    Config config = take(Config::from_env());
-    name = ledger_segment_name(take(make_device(config))->id());
-  }
   LedgerSnapshot snapshot = [&] {
     py::gil_scoped_release unlocked;
+    std::string name;
+    if (segment) {
+      name = *segment;
+    } else {
+      // The ledger of the device the environment configures (as `tidepool info`).
+      Config config = take(Config::from_env());
+      name = ledger_segment_name(take(make_device(config))->id());
+    }
     auto ledger = take(Ledger::open_existing(name));
     return take(ledger->snapshot());
   }();
@@ -332,23 +491,53 @@ TIDEPOOL_ALLOCATOR, capacity TIDEPOOL_HOST_CAPACITY); values are strs
 ("16GiB"), ints (bytes), floats or bools. Omitted keywords take their
 defaults; the environment is not read (Allocator.from_env() reads it).)doc")
       .def(py::init(&PyAllocator::from_settings))
-      .def_static("from_env", &PyAllocator::from_env,
+      .def_static("from_env", &PyAllocator::from_env, py::call_guard<py::gil_scoped_release>(),
                   "An allocator configured by the environment (XLA_PYTHON_CLIENT_*, TIDEPOOL_*).")
-      .def("allocate", &PyAllocator::allocate, py::arg("bytes"), py::arg("stream") = 0,
-           py::call_guard<py::gil_scoped_release>(),
-           "The address (an int) of a 256-byte-aligned block of at least `bytes` usable on "
-           "`stream`; 0 for 0 bytes. Raises OutOfMemoryError.")
+      .def(
+          "allocate",
+          [](PyAllocator& self, const py::handle& bytes, Stream stream) {
+            // An int (or a size like "1MiB"); a negative one is a ValueError
+            // (InvalidArgumentError) naming it, not pybind11's TypeError.
+            const std::size_t size = bytes_argument("bytes", bytes);
+            py::gil_scoped_release unlocked;
+            const std::uintptr_t address = self.allocate(size, stream);
+            self.observe_peaks();
+            return address;
+          },
+          py::arg("bytes"), py::arg("stream") = 0,
+          "The address (an int) of a 256-byte-aligned block of at least `bytes` usable on "
+          "`stream`; 0 for 0 bytes. Raises OutOfMemoryError, InvalidArgumentError (a "
+          "ValueError) for a negative size.")
       .def("free", &PyAllocator::free, py::arg("address"), py::arg("stream") = 0,
            py::call_guard<py::gil_scoped_release>(),
            "Frees a block from allocate(); 0 is a no-op. Raises InvalidPointerError for an "
            "address never handed out, DoubleFreeError for one freed already.")
       .def("memory_stats", &PyAllocator::memory_stats,
-           "The counters as a dict with JAX's Device.memory_stats() names (bytes_in_use, "
-           "peak_bytes_in_use, bytes_limit, ...) and tidepool's own.")
+           "The counters as a dict with every key of JAX's Device.memory_stats() (bytes_in_use, "
+           "peak_bytes_in_use, num_allocs, largest_alloc_size, bytes_limit, bytes_reserved, "
+           "peak_bytes_reserved, bytes_reservable_limit, largest_free_block_bytes, pool_bytes, "
+           "peak_pool_bytes) and tidepool's own.")
+      .def("memory_summary", &PyAllocator::memory_summary, py::call_guard<py::gil_scoped_release>(),
+           "The stats as a text table, as torch.cuda.memory_summary() prints PyTorch's.")
+      .def("reset_peak_memory_stats", &PyAllocator::reset_peak_memory_stats,
+           py::call_guard<py::gil_scoped_release>(),
+           "Starts the peaks (peak_bytes_in_use, peak_bytes_reserved, peak_pool_bytes) again "
+           "from the current values, as torch.cuda.reset_peak_memory_stats() does.")
       .def("trim", &PyAllocator::trim, py::call_guard<py::gil_scoped_release>(),
            "Returns cached free memory to the device; returns the bytes released.")
-      .def("dump", &PyAllocator::dump, "The memory map as text.")
-      .def("close", &PyAllocator::close, "Gives all memory back; later calls raise.")
+      .def("dump", &PyAllocator::dump, py::call_guard<py::gil_scoped_release>(), "The memory map as text.")
+      .def("close", &PyAllocator::close, py::call_guard<py::gil_scoped_release>(),
+           "Gives all memory back; later calls raise.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def(
+          "__exit__",
+          [](PyAllocator& self, const py::object&, const py::object&, const py::object&) {
+            py::gil_scoped_release unlocked;
+            self.close();
+            return false;  // an exception from the with-block goes on
+          },
+          "Closes the allocator (close()) at the end of a with-block.")
+      .def("__repr__", &PyAllocator::repr, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("name", &PyAllocator::name, "The pool's name.")
       .def_property_readonly("device", &PyAllocator::device, "The device's description.");
 

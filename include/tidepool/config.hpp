@@ -111,6 +111,9 @@ struct Config {
   /// releases every free granule (TIDEPOOL_IDLE_RELEASE); 0 means never.
   Setting<std::chrono::milliseconds> idle_release{std::chrono::milliseconds(0)};
   /// The per-process quota in the cross-process ledger; unset means none.
+  /// From TIDEPOOL_QUOTA, else the limit a GPU-sharing device plugin set for
+  /// the container (HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_0, else
+  /// CUDA_DEVICE_MEMORY_LIMIT; docs/cluster.md), which also turns the ledger on.
   Setting<std::optional<Quota>> quota;
   /// Whether the cross-process ledger guards the device. TIDEPOOL_QUOTA
   /// turns it on unless TIDEPOOL_LEDGER says otherwise (which is an error).

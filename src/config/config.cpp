@@ -6,8 +6,10 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "tidepool/units.hpp"
@@ -36,6 +38,10 @@ std::string known_names() {
   for (std::string_view name : kTidepoolVariables) out += (out.empty() ? "" : ", ") + std::string(name);
   return out;
 }
+
+// The CUDA device the stack uses (make_device: CudaDevice::create(0)), whose
+// CUDA_DEVICE_MEMORY_LIMIT_<index> applies.
+constexpr int kHamiDeviceIndex = 0;
 
 constexpr const char* kJaxFalseSpellings = "'false', 'False' or '0'";
 constexpr const char* kStrictBoolAllowed = "true, false, 1, 0, yes, no, on or off";
@@ -388,6 +394,69 @@ Expected<Quota> parse_quota(std::string_view text) {
   return Quota{*bytes, 0.0};
 }
 
+constexpr const char* kHamiLimitAllowed =
+    "HAMi-core's form: a whole number of bytes, or one followed by k, m or g (KiB, MiB, GiB; "
+    "either case), e.g. 24g or 1000m; decimal or 0x hexadecimal";
+
+/// HAMi-core's per-container device memory limit, as its get_limit_from_env
+/// (src/multiprocess/multiprocess_memory_limit.c) reads it: a last character
+/// of g/G, m/M or k/k multiplies by 1024^3, 1024^2 or 1024; the number before
+/// it is read by strtoul with base 0 (decimal, 0x hexadecimal, a leading 0
+/// octal). What HAMi-core would read as something other than what was
+/// written (strtoul stops at the first non-digit: "1.5g" is 1 GiB, "1GiB" is
+/// 1 byte), a leading 0 (octal), 0 (which HAMi-core calls invalid and
+/// ignores) and an overflow are refused, naming the variable.
+Expected<std::size_t> parse_hami_limit(std::string_view variable, std::string_view text) {
+  std::string_view digits = text;
+  std::size_t scale = 1;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'g': case 'G': scale = GiB; break;
+      case 'm': case 'M': scale = MiB; break;
+      case 'k': case 'K': scale = KiB; break;
+      default: break;
+    }
+    if (scale != 1) digits.remove_suffix(1);
+  }
+  int base = 10;
+  if (digits.size() > 2 && digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X')) {
+    digits.remove_prefix(2);
+    base = 16;
+  } else if (digits.size() > 1 && digits[0] == '0') {
+    return invalid(variable, text, "a leading 0 makes HAMi-core read the number as octal", kHamiLimitAllowed);
+  }
+  std::size_t number = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), number, base);
+  if (digits.empty() || ec == std::errc::invalid_argument || digits.front() == '+' || digits.front() == '-')
+    return invalid(variable, text, "not a number", kHamiLimitAllowed);
+  if (ec == std::errc::result_out_of_range || number > SIZE_MAX / scale)
+    return invalid(variable, text, "too large", kHamiLimitAllowed);
+  if (end != digits.data() + digits.size())
+    return invalid(variable, text,
+                   "HAMi-core would read only '" + std::string(digits.substr(0, static_cast<std::size_t>(end - digits.data()))) +
+                       "' of it (" + format_bytes(number * scale) + ")",
+                   kHamiLimitAllowed);
+  if (number == 0) return invalid(variable, text, "0 bytes (HAMi-core ignores it as invalid)", kHamiLimitAllowed);
+  return number * scale;
+}
+
+/// The device memory limit a GPU-sharing device plugin (HAMi, volcano's
+/// vgpu) gave this container: CUDA_DEVICE_MEMORY_LIMIT_<index> for the
+/// device tidepool uses, else CUDA_DEVICE_MEMORY_LIMIT, as HAMi-core picks
+/// them. Empty is unset, as in HAMi-core.
+Expected<std::optional<Setting<std::optional<Quota>>>> read_hami_limit(const Environment& env) {
+  for (const std::string& variable : {"CUDA_DEVICE_MEMORY_LIMIT_" + std::to_string(kHamiDeviceIndex),
+                                      std::string("CUDA_DEVICE_MEMORY_LIMIT")}) {
+    auto text = env.get(variable.c_str());
+    if (!text || text->empty()) continue;
+    auto bytes = parse_hami_limit(variable, *text);
+    if (!bytes) return std::move(bytes).error();
+    return std::optional<Setting<std::optional<Quota>>>(
+        Setting<std::optional<Quota>>(Quota{*bytes, 0.0}, variable, *text));
+  }
+  return std::optional<Setting<std::optional<Quota>>>{};
+}
+
 Status read_sharing(const Environment& env, Config& config) {
   if (auto text = env.get("TIDEPOOL_QUOTA")) {
     auto quota = parse_quota(*text);
@@ -399,7 +468,31 @@ Status read_sharing(const Environment& env, Config& config) {
     if (!value) return std::move(value).error();
     config.ledger = {*value, "TIDEPOOL_LEDGER", *text};
   }
-  if (config.quota.value) {
+  auto hami = read_hami_limit(env);
+  if (!hami) return std::move(hami).error();
+  if (*hami) {
+    // The scheduler's quota, below TIDEPOOL_QUOTA.
+    const Setting<std::optional<Quota>>& limit = **hami;
+    const std::string named = limit.source + "=" + limit.text;
+    if (config.quota.value) {
+      config.notes.push_back("TIDEPOOL_QUOTA=" + config.quota.text + " is used instead of " + named);
+      if (config.quota.value->bytes > limit.value->bytes)
+        config.warnings.push_back("TIDEPOOL_QUOTA=" + config.quota.text + " is more than " + named +
+                                  " (" + format_bytes(limit.value->bytes) +
+                                  "), the container's limit: HAMi-core refuses allocations beyond it");
+    } else if (!config.ledger.is_default() && !config.ledger.value) {
+      config.notes.push_back(named + " is not applied by tidepool: TIDEPOOL_LEDGER=" + config.ledger.text +
+                             " turns the ledger off (HAMi-core, where loaded, still enforces it)");
+    } else {
+      config.quota = limit;
+      if (config.ledger.is_default()) {
+        config.ledger = {true, limit.source, limit.text};
+        config.notes.push_back(named + " (the container's device memory limit) is this process's quota "
+                               "and turns the cross-process ledger on");
+      }
+    }
+  }
+  if (config.quota.value && config.quota.source == "TIDEPOOL_QUOTA") {
     // A quota is a share in the ledger: it means the ledger is wanted.
     if (config.ledger.is_default()) {
       config.ledger = {true, "TIDEPOOL_QUOTA", config.quota.text};

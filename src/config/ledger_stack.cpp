@@ -76,15 +76,16 @@ Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
     const std::size_t total = device->mem_info().total_bytes;
     options.quota_bytes = config.quota.value->resolve(total);
     if (options.quota_bytes == 0)
-      return Error(Errc::invalid_argument, "TIDEPOOL_QUOTA='" + config.quota.text + "' is 0 bytes of the " +
+      return Error(Errc::invalid_argument, config.quota.source + "='" + config.quota.text + "' is 0 bytes of the " +
                                                format_bytes(total) + " device; allowed: a larger quota");
   }
   auto ledger = LedgerDevice::create(std::move(device), options);
   if (!ledger) {
-    // Name the variable: the quota is what the user can change. An
-    // out_of_memory keeps its report, whose hint names TIDEPOOL_QUOTA.
+    // Name the variable (TIDEPOOL_QUOTA or the scheduler's limit): the quota
+    // is what the user can change. An out_of_memory keeps its report, whose
+    // hint names TIDEPOOL_QUOTA.
     if (!config.quota.value || ledger.error().code() == Errc::out_of_memory) return std::move(ledger).error();
-    return Error(ledger.error().code(), "TIDEPOOL_QUOTA='" + config.quota.text + "' (" +
+    return Error(ledger.error().code(), config.quota.source + "='" + config.quota.text + "' (" +
                                             format_bytes(options.quota_bytes) + "): " + ledger.error().message());
   }
   return std::shared_ptr<Device>(std::move(*ledger));

@@ -337,6 +337,75 @@ TEST(TidepoolVariables, Ledger) {
   EXPECT_EQ(load_ok({{"TIDEPOOL_LEDGER", "on"}}).ledger.source, "TIDEPOOL_LEDGER");
 }
 
+// --- the scheduler's quota: HAMi-core's CUDA_DEVICE_MEMORY_LIMIT ------------
+
+TEST(HamiLimit, ParsedAsHamiCoreReadsIt) {
+  // HAMi-core's get_limit_from_env: k/m/g (either case) are binary units, no
+  // suffix is bytes, strtoul base 0 reads 0x as hexadecimal.
+  const std::pair<const char*, std::size_t> cases[] = {
+      {"24g", 24 * GiB}, {"24G", 24 * GiB}, {"1000m", 1000 * MiB}, {"1000M", 1000 * MiB},
+      {"512k", 512 * KiB}, {"512K", 512 * KiB}, {"1073741824", GiB}, {"0x40000000", GiB}, {"0x10g", 16 * GiB}};
+  for (const auto& [text, bytes] : cases) {
+    Config config = load_ok({{"CUDA_DEVICE_MEMORY_LIMIT", text}});
+    ASSERT_TRUE(config.quota.value.has_value()) << text;
+    EXPECT_EQ(config.quota.value->bytes, bytes) << text;
+    EXPECT_EQ(config.quota.value->fraction, 0.0) << text;
+    EXPECT_EQ(config.quota.source, "CUDA_DEVICE_MEMORY_LIMIT") << text;
+    EXPECT_EQ(config.quota.text, text);
+    EXPECT_TRUE(config.ledger.value) << "a quota is a share in the ledger";
+    EXPECT_EQ(config.ledger.source, "CUDA_DEVICE_MEMORY_LIMIT");
+    EXPECT_TRUE(any_contains(config.notes, "the container's device memory limit")) << text;
+  }
+  // Empty is unset, as in HAMi-core.
+  EXPECT_FALSE(load_ok({{"CUDA_DEVICE_MEMORY_LIMIT", ""}}).quota.value.has_value());
+  EXPECT_FALSE(load_ok({{"CUDA_DEVICE_MEMORY_LIMIT", ""}}).ledger.value);
+}
+
+TEST(HamiLimit, RefusesWhatHamiCoreWouldMisreadWithTheVariableNamed) {
+  // strtoul stops at the first non-digit: HAMi-core reads "1.5g" as 1 GiB,
+  // "1GiB" and "2gb" as 1 and 2 bytes; a leading 0 is octal; 0 it ignores.
+  for (const char* value : {"1.5g", "1GiB", "2gb", "010m", "0", "0g", "g", "lots", "-1g", "+5g", " 5g",
+                            "99999999999999999999", "99999999999g"})
+    expect_invalid({{"CUDA_DEVICE_MEMORY_LIMIT", value}}, "CUDA_DEVICE_MEMORY_LIMIT", value,
+                   "HAMi-core's form");
+  auto misread = load({{"CUDA_DEVICE_MEMORY_LIMIT_0", "1.5g"}});
+  ASSERT_FALSE(misread);
+  EXPECT_TRUE(contains(misread.error().message(), "HAMi-core would read only '1'")) << misread.error().message();
+  EXPECT_TRUE(contains(misread.error().message(), "CUDA_DEVICE_MEMORY_LIMIT_0='1.5g'")) << misread.error().message();
+}
+
+TEST(HamiLimit, Precedence) {
+  // The device's own variable over the container-wide one (HAMi-core's order).
+  Config indexed = load_ok({{"CUDA_DEVICE_MEMORY_LIMIT", "8g"}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "2g"}});
+  EXPECT_EQ(indexed.quota.value->bytes, 2 * GiB);
+  EXPECT_EQ(indexed.quota.source, "CUDA_DEVICE_MEMORY_LIMIT_0");
+  // Another device's variable is not this device's.
+  Config other = load_ok({{"CUDA_DEVICE_MEMORY_LIMIT", "8g"}, {"CUDA_DEVICE_MEMORY_LIMIT_1", "2g"}});
+  EXPECT_EQ(other.quota.value->bytes, 8 * GiB);
+  EXPECT_EQ(other.quota.source, "CUDA_DEVICE_MEMORY_LIMIT");
+  // TIDEPOOL_QUOTA wins over both, with a note; a warning when it asks for more.
+  Config tidepool = load_ok({{"TIDEPOOL_QUOTA", "4GiB"}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "2g"}});
+  EXPECT_EQ(tidepool.quota.value->bytes, 4 * GiB);
+  EXPECT_EQ(tidepool.quota.source, "TIDEPOOL_QUOTA");
+  EXPECT_EQ(tidepool.ledger.source, "TIDEPOOL_QUOTA");
+  EXPECT_TRUE(any_contains(tidepool.notes, "TIDEPOOL_QUOTA=4GiB is used instead of CUDA_DEVICE_MEMORY_LIMIT_0=2g"));
+  EXPECT_TRUE(any_contains(tidepool.warnings, "more than CUDA_DEVICE_MEMORY_LIMIT_0=2g"));
+  Config smaller = load_ok({{"TIDEPOOL_QUOTA", "1GiB"}, {"CUDA_DEVICE_MEMORY_LIMIT", "2g"}});
+  EXPECT_TRUE(smaller.warnings.empty());
+  // A bad HAMi value is an error even when TIDEPOOL_QUOTA is set: the
+  // container's configuration is wrong either way.
+  expect_invalid({{"TIDEPOOL_QUOTA", "1GiB"}, {"CUDA_DEVICE_MEMORY_LIMIT", "1.5g"}}, "CUDA_DEVICE_MEMORY_LIMIT",
+                 "1.5g", "HAMi-core's form");
+  // TIDEPOOL_LEDGER=off: not applied (no quota without the ledger), said in a note.
+  Config off = load_ok({{"TIDEPOOL_LEDGER", "off"}, {"CUDA_DEVICE_MEMORY_LIMIT", "2g"}});
+  EXPECT_FALSE(off.quota.value.has_value());
+  EXPECT_FALSE(off.ledger.value);
+  EXPECT_TRUE(any_contains(off.notes, "CUDA_DEVICE_MEMORY_LIMIT=2g is not applied by tidepool"));
+  Config on = load_ok({{"TIDEPOOL_LEDGER", "on"}, {"CUDA_DEVICE_MEMORY_LIMIT", "2g"}});
+  EXPECT_EQ(on.quota.value->bytes, 2 * GiB);
+  EXPECT_EQ(on.ledger.source, "TIDEPOOL_LEDGER");
+}
+
 // --- precedence -------------------------------------------------------------
 
 TEST(Precedence, TidepoolNamesWin) {

@@ -1,6 +1,8 @@
 // Runs the built `tidepool` command with a controlled environment and checks
 // what it prints and how it exits.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -90,6 +92,19 @@ TEST(TidepoolInfo, ShowsWarnings) {
   EXPECT_TRUE(contains(result.out, "unknown variable TIDEPOOL_ALLOCATR")) << result.out;
 }
 
+TEST(TidepoolInfo, ShowsTheSchedulersQuotaAndWhereItCameFrom) {
+  // A ledger of its own, so that the test shares nothing with others.
+  const std::string segment = "/tidepool-info-test-hami-" + std::to_string(getpid());
+  Result result = run_cli({"info"}, {"CUDA_DEVICE_MEMORY_LIMIT=8g", "CUDA_DEVICE_MEMORY_LIMIT_0=2g",
+                                     "TIDEPOOL_LEDGER_NAME=" + segment});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_TRUE(contains(result.out, "quota              2.00 GiB")) << result.out;
+  EXPECT_TRUE(contains(result.out, "CUDA_DEVICE_MEMORY_LIMIT_0=2g")) << result.out;
+  EXPECT_TRUE(contains(result.out, "ledger             on")) << result.out;
+  EXPECT_TRUE(contains(result.out, "the container's device memory limit")) << result.out;
+  shm_unlink(segment.c_str());
+}
+
 TEST(TidepoolInfo, BadVariablesFailClearly) {
   struct Case {
     std::string variable;
@@ -108,6 +123,7 @@ TEST(TidepoolInfo, BadVariablesFailClearly) {
       {"TIDEPOOL_QUOTA", "150%", "percentage"},
       {"TIDEPOOL_LEDGER", "sometimes", "on or off"},
       {"TIDEPOOL_RELEASE_THRESHOLD", "lots", "GiB"},
+      {"CUDA_DEVICE_MEMORY_LIMIT", "1.5g", "HAMi-core's form"},
   };
   for (const Case& c : cases) {
     Result result = run_cli({"info"}, {c.variable + "=" + c.value});

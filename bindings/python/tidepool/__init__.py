@@ -1,10 +1,11 @@
 """tidepool: GPU device memory allocation from Python.
 
     import tidepool
-    pool = tidepool.Allocator(mode="growth", device="host", capacity="16GiB")
-    address = pool.allocate(1 << 20)
-    pool.free(address)
-    pool.memory_stats()["peak_bytes_in_use"]
+    with tidepool.Allocator(mode="growth", device="host", capacity="16GiB") as pool:
+        address = pool.allocate(1 << 20)
+        pool.free(address)
+        pool.memory_stats()["peak_bytes_in_use"]   # JAX's Device.memory_stats() keys
+        print(pool.memory_summary())
 
     tidepool.replay("train-step", modes=["growth", "platform"])  # the replay table as dicts
     tidepool.ledger()                                             # the cross-process ledger

@@ -66,7 +66,13 @@ def memory_stats(device=0):
     stats = _Stats()
     if library.tidepool_torch_get_stats(device, ctypes.byref(stats), ctypes.sizeof(stats)) != 0:
         return {}
-    return {name: getattr(stats, name) for name in _STAT_NAMES}
+    out = {}
+    for name in _STAT_NAMES:
+        out[name] = getattr(stats, name)
+        if name == "peak_bytes_reserved":
+            # JAX's key, as Allocator.memory_stats() has it: a pool never holds more than its limit.
+            out["bytes_reservable_limit"] = stats.bytes_limit
+    return out
 
 
 def last_error():
