@@ -298,9 +298,10 @@ constexpr const char* kPageScript = R"(<script>
       options: {
         animation: false, parsing: false, normalized: true, responsive: true,
         maintainAspectRatio: false, interaction: {mode: 'nearest', intersect: false},
-        scales: {x: xAxis(trace), y: {type: 'linear', min: 1, suggestedMax: 2,
+        scales: {x: xAxis(trace), y: {type: 'linear', min: 1, max: 3,
                                       title: {display: true, text: 'reserved / live'}}},
-        plugins: {title: {display: true, text: trace.title + ': fragmentation (reserved / live) over time'},
+        plugins: {title: {display: true, text: trace.title +
+                                               ': fragmentation (reserved / live) over time, axis cut at 3x'},
                   legend: {position: 'bottom'}}
       },
       plugins: [countDrawn]

@@ -317,15 +317,17 @@ class SnapshotReader {
   }
 
   // Where a block was allocated: its `frames` as one "file:line name" a
-  // line, the Python frames first (C++ frames without a file, "??", only when
-  // there is nothing else), at most kMaxFrames. Returns the index in
-  // trace.stacks (identical stacks shared), 0 when there are no frames.
+  // line, at most kMaxFrames: the Python frames (file *.py) when there are
+  // any, as memory_viz shows them, else the C++ frames with a file, else all.
+  // Returns the index in trace.stacks (identical stacks shared), 0 when
+  // there are no frames.
   std::uint32_t stack_of(const Node& entry, Trace& trace) {
     const Node* frames = doc_.find(entry, "frames");
     if (frames == nullptr || frames->kind != Kind::list || frames->items.empty()) return 0;
     constexpr std::size_t kMaxFrames = 16;
+    enum Pass { python, with_file, any };
     std::string text;
-    for (const bool with_file : {true, false}) {
+    for (const Pass pass : {python, with_file, any}) {
       std::size_t kept = 0;
       for (const pickle::NodeId id : frames->items) {
         const Node& frame = doc_.node(id);
@@ -333,11 +335,12 @@ class SnapshotReader {
         const Node* file = doc_.find(frame, "filename");
         const Node* name = doc_.find(frame, "name");
         const Node* line = doc_.find(frame, "line");
-        const bool has_file = file != nullptr && file->kind == Kind::string && file->text != "??";
-        if (with_file && !has_file) continue;
+        const std::string_view file_name = file != nullptr && file->kind == Kind::string ? file->text : "";
+        if (pass == python && !file_name.ends_with(".py")) continue;
+        if (pass == with_file && (file_name.empty() || file_name == "??")) continue;
         if (kept++ == kMaxFrames) break;
         if (!text.empty()) text += '\n';
-        if (file != nullptr && file->kind == Kind::string) text += file->text;
+        text += file_name;
         if (line != nullptr && line->kind == Kind::integer) text += ":" + std::to_string(line->integer);
         if (name != nullptr && name->kind == Kind::string) text += std::string(" ") += name->text;
       }
