@@ -102,10 +102,18 @@ Json chart_data(std::span<const trace::TraceReplay> replays) {
       ratio["label"] = replay.recorded->label;
       ratio_lines.push_back(std::move(ratio));
     }
-    // Live bytes are the trace's, the same under every mode but for OOMs:
-    // the first mode's line stands for them.
-    if (!replay.modes.empty()) {
-      Json line = points(replay.modes.front().series, origin, true);
+    // Live bytes are the trace's, the same under every mode but for OOMs
+    // (a refused block is never live): a mode that served everything, else
+    // the one that served most, stands for them.
+    const trace::ModeReplay* live_from = nullptr;
+    for (const trace::ModeReplay& mode : replay.modes) {
+      if (live_from == nullptr || (live_from->ooms != 0 && mode.ooms == 0) ||
+          (live_from->ooms != 0 && mode.served_peak_live_bytes > live_from->served_peak_live_bytes)) {
+        live_from = &mode;
+      }
+    }
+    if (live_from != nullptr) {
+      Json line = points(live_from->series, origin, true);
       line["label"] = "live (requested)";
       line["live"] = true;
       lines.push_back(std::move(line));
