@@ -107,6 +107,14 @@ TEST(ReplayCommand, ModesAndReports) {
   EXPECT_TRUE(contains(page, "<html")) << page.substr(0, 200);
   EXPECT_TRUE(contains(page, "expandable"));
   EXPECT_FALSE(contains(page, "<script src=")) << "the page must be self-contained";
+  // Why: what the peak is made of, where it was allocated, and how PyTorch was set up.
+  EXPECT_TRUE(contains(page, "The largest blocks live at the peak (3.58 GiB live")) << "the peak's blocks";
+  EXPECT_TRUE(contains(page, "before recording began")) << "seeded blocks are named as such";
+  EXPECT_TRUE(contains(page, "cs336_basics/optimizer.py:74 step")) << "Python frames of a block at the peak";
+  EXPECT_TRUE(contains(page, "<tr><td>expandable_segments</td><td>False</td></tr>")) << "allocator_settings";
+  std::size_t slices = 0;
+  for (const json& event : events["traceEvents"]) slices += event.value("ph", "") == "X";
+  EXPECT_EQ(slices, 2609u) << "one slice per block lifetime";
 }
 
 TEST(ReplayCommand, CompareReplaysTheBuiltInWorkloads) {
