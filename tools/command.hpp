@@ -45,6 +45,9 @@ std::vector<Command> commands();
 
 /// Exit status of a command that failed on bad input (settings, files).
 inline constexpr int kExitFailure = 1;
+/// Exit status of a command line that cannot be parsed (unknown subcommand or
+/// flag, a missing argument), as getopt-style tools use.
+inline constexpr int kExitUsage = 2;
 
 /// Prints "tidepool: error: <message>" to stderr; returns kExitFailure.
 int report_error(const Error& error);

@@ -3,7 +3,12 @@
 // wanted, trim requests) and the totals; --reclaim clears dead entries first.
 // It registers nothing itself: it only reads the segment (and, with
 // --reclaim, clears the entries of processes that died).
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -148,6 +153,18 @@ void print_text(const LedgerSnapshot& snapshot, const LedgerCommandOptions& opti
 int run_ledger(const LedgerCommandOptions& options) {
   auto name = segment_name(options);
   if (!name) return report_error(name.error());
+  // No segment: no process uses this device's ledger. Like nvidia-smi with no
+  // processes, that is an answer, not an error.
+  if (const int fd = shm_open(name->c_str(), O_RDONLY, 0); fd >= 0) {
+    close(fd);
+  } else if (errno == ENOENT) {
+    if (options.json) {
+      fmt::print("{}\n", nlohmann::json{{"segment", *name}, {"processes", nlohmann::json::array()}}.dump(2));
+    } else {
+      fmt::print("No process uses a ledger for this device (segment {} does not exist).\n", *name);
+    }
+    return 0;
+  }
   auto ledger = Ledger::open_existing(*name);
   if (!ledger) return report_error(ledger.error());
   std::size_t reclaimed = 0;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <string>
 #include <utility>
 
 #include "command.hpp"
@@ -49,6 +50,22 @@ Expected<Config> load_config(bool print_warnings) {
   return config;
 }
 
+namespace {
+
+/// A command line that cannot be parsed: the error, the usage line, exit status 2.
+int usage_error(CLI::App& app, const std::string& message) {
+  std::string command = "tidepool SUBCOMMAND";
+  std::string help = "tidepool --help";
+  for (const CLI::App* sub : app.get_subcommands()) {
+    command = "tidepool " + sub->get_name();
+    help = command + " --help";
+  }
+  std::fprintf(stderr, "tidepool: error: %s\nusage: %s [OPTIONS] ... (see %s)\n", message.c_str(),
+               command.c_str(), help.c_str());
+  return kExitUsage;
+}
+
+}  // namespace
 }  // namespace tidepool::cli
 
 int main(int argc, char** argv) {
@@ -67,10 +84,29 @@ int main(int argc, char** argv) {
     runs.emplace_back(sub, command.setup(*sub));
   }
 
+  // An unknown subcommand is named (CLI11 would only say an argument was not expected).
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string name = argv[1];
+    bool known = false;
+    std::string names;
+    for (const Command& command : commands()) {
+      known = known || command.name == name;
+      names += (names.empty() ? "" : ", ") + command.name;
+    }
+    if (!known) {
+      return usage_error(app, "unknown subcommand '" + name + "'; the subcommands are " + names);
+    }
+  }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    return app.exit(CLI::CallForHelp());
+  } catch (const CLI::CallForAllHelp&) {
+    return app.exit(CLI::CallForAllHelp());
+  } catch (const CLI::CallForVersion& version) {
+    return app.exit(version);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+    return usage_error(app, error.what());
   }
   for (auto& [sub, run] : runs) {
     if (!sub->parsed()) continue;

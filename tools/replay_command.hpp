@@ -15,9 +15,10 @@ struct ReplayCommandOptions {
   std::vector<std::string> workloads;  // built-in workloads (compare)
   std::string modes;                   // comma-separated; empty: every mode this build runs
   std::string capacity;                // e.g. "80GiB"; empty: the trace's, else 80 GiB
+  std::string device = "all";          // a snapshot's device index, or "all"
   bool min_capacity = false;
   bool verify = false;
-  std::string json_path;
+  std::string json_path;               // "-": standard output (as for the two below)
   std::string html_path;
   std::string perfetto_path;
   bool quiet = false;

@@ -263,6 +263,9 @@ py::dict mode_row(const trace::TraceReplay& replay, const trace::ModeReplay& mod
   row["capacity_bytes"] = mode.capacity_bytes;
   row["events"] = mode.events;
   row["peak_live_bytes"] = mode.peak_live_bytes;
+  row["served_peak_live_bytes"] = mode.served_peak_live_bytes;
+  row["seeded_blocks"] = replay.seeded_blocks;
+  row["seeded_bytes"] = replay.seeded_bytes;
   row["peak_live_rounded_bytes"] = mode.peak_live_rounded_bytes;
   row["initial_reserved_bytes"] = mode.initial_reserved_bytes;
   row["peak_reserved_bytes"] = mode.peak_reserved_bytes;
@@ -272,6 +275,8 @@ py::dict mode_row(const trace::TraceReplay& replay, const trace::ModeReplay& mod
   row["address_high_water_bytes"] = py::cast(mode.address_high_water_bytes);
   row["min_capacity_bytes"] = py::cast(mode.min_capacity_bytes);
   row["min_capacity_ratio"] = mode.min_capacity_ratio();
+  row["min_limit_bytes"] = py::cast(mode.min_limit_bytes);
+  row["min_limit_ratio"] = mode.min_limit_ratio();
   py::dict device_calls;
   for (const auto& [name, value] : mode.device_calls.items()) device_calls[py::str(std::string(name))] = value;
   row["device_calls"] = device_calls;

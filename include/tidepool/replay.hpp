@@ -33,14 +33,21 @@ inline constexpr std::size_t kDefaultReplayCapacity = std::size_t{80} << 30;
 /// the probes of the capacity search are not counted).
 using ProgressFn = std::function<void(std::uint64_t events_done, std::uint64_t events_total)>;
 
+/// The granularity of the host devices replays run on (2 MiB): a capacity is
+/// rounded up to a multiple of it.
+std::size_t replay_granularity() noexcept;
+
 struct ReplayOptions {
   /// Capacity of the HostDevice each mode replays on. 0 means the trace's
   /// recorded device capacity if it has one, else kDefaultReplayCapacity.
+  /// Rounded up to replay_granularity().
   std::size_t capacity_bytes = 0;
   /// The settings given to make_allocator (memory fraction, release
   /// threshold, ...). Its mode is ignored: each replay names its own.
   Config config{};
-  /// Also find the smallest capacity with no OOM, per mode (bisection).
+  /// Also find, per mode, the smallest capacity with no OOM at the config's
+  /// fraction, and the smallest limit (capacity at fraction 1) with none
+  /// (bisection each).
   bool find_min_capacity = false;
   /// Write a pattern derived from the lifetime into each block when it is
   /// handed out and check it when it is freed: finds overlapping live blocks.
@@ -118,6 +125,18 @@ struct PassReplay {
   }
 };
 
+/// An allocation refused, by a replayed mode or in the recorded program: x as
+/// in the series (time_us when timed, else the event index) and the request.
+struct OomMark {
+  std::int64_t x = 0;
+  std::uint64_t bytes = 0;
+};
+
+/// The most OOM marks a mode keeps for the reports (every OOM still counts).
+inline constexpr std::size_t kMaxOomMarks = 1000;
+/// Traces of at most this many blocks get every lifetime in TraceReplay.
+inline constexpr std::size_t kMaxLifetimes = 20000;
+
 /// The first allocation a mode refused.
 struct FirstOom {
   std::uint64_t event_index = 0;
@@ -132,7 +151,12 @@ struct ModeReplay {
   Mode mode = Mode::growth;
   std::size_t capacity_bytes = 0;          // the replay device's capacity
   std::uint64_t events = 0;                // alloc and free events replayed
-  std::uint64_t peak_live_bytes = 0;       // requested bytes live at once, at most
+  /// The trace's peak of requested live bytes (TraceReplay::peak_live_bytes):
+  /// the same for every mode, the base of every ratio.
+  std::uint64_t peak_live_bytes = 0;
+  /// Requested bytes this mode held at once, at most: below peak_live_bytes
+  /// when OOMs refused blocks.
+  std::uint64_t served_peak_live_bytes = 0;
   std::uint64_t peak_live_rounded_bytes = 0;  // the pool's peak_bytes_in_use (after rounding)
   std::uint64_t initial_reserved_bytes = 0;   // held after creating the pool, before event 0
   std::uint64_t peak_reserved_bytes = 0;   // bytes held from the device at once, at most
@@ -148,11 +172,17 @@ struct ModeReplay {
   /// when not asked or when none up to 16 x capacity_bytes sufficed.
   std::optional<std::uint64_t> min_capacity_bytes;
   std::uint32_t min_capacity_probes = 0;   // replays the search made
+  /// With find_min_capacity: the smallest pool limit (the bytes the mode may
+  /// take from the device, whatever the fraction: the capacity search at
+  /// fraction 1) with no OOM. What the pool needs, not the fraction.
+  std::optional<std::uint64_t> min_limit_bytes;
+  std::uint32_t min_limit_probes = 0;
   DeviceCalls device_calls;
   /// Each pass's own figures, in order; the fields above cover all of them.
   std::vector<PassReplay> passes;
   std::uint64_t ooms = 0;                  // allocations refused (their frees skipped)
   std::optional<FirstOom> first_oom;
+  std::vector<OomMark> oom_marks;          // the first kMaxOomMarks refusals
   std::uint64_t replay_ns = 0;             // host time of the event loop (set-up excluded)
   Stats stats;                             // the pool's stats after the last event
   std::vector<SeriesPoint> series;
@@ -169,6 +199,11 @@ struct ModeReplay {
   double min_capacity_ratio() const noexcept {
     if (!min_capacity_bytes || peak_live_bytes == 0) return 0.0;
     return static_cast<double>(*min_capacity_bytes) / static_cast<double>(peak_live_bytes);
+  }
+  /// min_limit_bytes / peak_live_bytes; 0 when either is missing.
+  double min_limit_ratio() const noexcept {
+    if (!min_limit_bytes || peak_live_bytes == 0) return 0.0;
+    return static_cast<double>(*min_limit_bytes) / static_cast<double>(peak_live_bytes);
   }
 };
 
@@ -191,8 +226,39 @@ struct TraceReplay {
   std::string trace_format;
   std::uint64_t events = 0;           // every event of the trace, segment events included
   std::uint32_t blocks = 0;           // lifetimes
-  std::size_t unmatched_frees = 0;    // from the reader: frees with no recorded alloc, skipped
+  std::size_t unmatched_frees = 0;    // from the reader: frees with no recorded alloc (seeded)
+  std::uint32_t seeded_blocks = 0;    // blocks live at the start (Trace::seeded_blocks)
+  std::uint64_t seeded_bytes = 0;
+  /// The trace's peak of requested live bytes, seeded blocks included
+  /// (summarize()): what every mode must serve at once.
+  std::uint64_t peak_live_bytes = 0;
   std::size_t failed_allocs = 0;      // from the reader: allocations the recorded program saw fail
+  /// Those the reader placed, with x on the series' axis (time_us when
+  /// timed, else the index of the event they preceded).
+  std::vector<OomMark> failures;
+  std::vector<std::pair<std::string, std::string>> recorder_settings;  // Trace::recorder_settings
+  /// A block live when the trace's live bytes peak.
+  struct PeakBlock {
+    std::uint32_t block = 0;
+    std::uint64_t bytes = 0;
+    std::int64_t alloc_x = 0;   // when it was allocated (x as in the series)
+    bool seeded = false;        // live before recording began
+    std::string stack;          // where it was allocated, one frame a line; empty if unknown
+  };
+  /// The largest blocks live at the peak (the first time it is reached),
+  /// largest first, at most 10: what the peak is made of.
+  std::vector<PeakBlock> largest_at_peak;
+  std::int64_t peak_x = 0;      // where the peak is first reached
+  /// One block's lifetime; end_x -1 when it is still live at the end.
+  struct Lifetime {
+    std::uint32_t block = 0;
+    std::uint64_t bytes = 0;
+    std::int64_t start_x = 0;
+    std::int64_t end_x = -1;
+  };
+  /// Every block's lifetime, for traces of at most kMaxLifetimes blocks
+  /// (empty above): the Perfetto report draws one slice each.
+  std::vector<Lifetime> lifetimes;
   bool timed = false;                 // series x and averages use time_us (else event index)
   double mem_fraction = 0;            // the Config's fraction the pools were built with
   std::vector<ModeReplay> modes;

@@ -1,7 +1,7 @@
 // Replays as people and programs read them: a text table, JSON (every
 // figure, names documented in docs/replay.md), Chrome/Perfetto trace events
-// (counter tracks of live and reserved bytes per mode) and one self-contained
-// HTML page (the table and a chart per trace, Chart.js inlined).
+// (counter tracks of live and reserved bytes per mode, OOM instants, block
+// lifetimes) and one self-contained HTML page (Chart.js embedded).
 #pragma once
 
 #include <span>
@@ -37,21 +37,21 @@ std::string replay_json(std::span<const trace::TraceReplay> replays);
 /// ui.perfetto.dev and chrome://tracing.
 std::string perfetto_json(std::span<const trace::TraceReplay> replays);
 
-/// Where Debian's libjs-chart.js puts the minified Chart.js.
-inline constexpr std::string_view kDebianChartJsPath = "/usr/share/javascript/chart.js/chart.min.js";
-
 struct HtmlOptions {
-  /// Chart.js (version 3 or 4, UMD build) to inline into the page.
-  std::string chart_js_path = std::string(kDebianChartJsPath);
   std::string title = "tidepool replay";
 };
 
-/// One self-contained HTML page: the tables and, per trace, a chart of
-/// reserved bytes per mode and live bytes over time. Works offline: Chart.js
-/// is read from options.chart_js_path and inlined. When every chart has
-/// drawn, the page sets data-charts-rendered="N" on <html>; any script error
-/// is counted in data-script-errors (what the headless-browser test reads).
-/// Errors: io_error naming the Chart.js path when it cannot be read.
+/// One self-contained HTML page that answers "why", as PyTorch's memory_viz
+/// does: per trace the table; reserved bytes per mode and live bytes over
+/// time, with each mode's OOMs and the recorded program's failures at their
+/// place; reserved / live over time; the largest blocks live at the peak
+/// with their stack frames; the recorder's settings; each pool's stats. A
+/// logarithmic toggle and drag-to-zoom. Works offline: Chart.js is embedded
+/// into the library at build time (libjs-chart.js) and inlined. When every
+/// chart has drawn, the page sets data-charts-rendered="N" on <html> (two
+/// charts per trace); any script error is counted in data-script-errors
+/// (what the headless-browser test reads). Errors: unsupported when this
+/// build has no Chart.js.
 Expected<std::string> replay_html(std::span<const trace::TraceReplay> replays,
                                   const HtmlOptions& options = {});
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tidepool/error.hpp"
 #include "tidepool/trace.hpp"
@@ -26,8 +27,12 @@ struct SnapshotOptions {
 /// writes) with a restricted pickle reader that refuses any class lookup or
 /// code opcode. Per device: `alloc` starts a lifetime, `free_completed` ends it
 /// (`free_requested` is ignored); a free whose alloc the ring buffer dropped is
-/// counted in `unmatched_frees` and skipped; `oom` entries count in
-/// `failed_allocs`; `segment_alloc`/`segment_map` and `segment_free`/
+/// counted in `unmatched_frees` and its block seeded (trace.hpp), as is every
+/// `active_allocated` block of `segments` whose address no alloc or free
+/// names (live throughout); `oom` entries count in `failed_allocs` and are
+/// listed in `failures` (their `size`, time and place); a history with no
+/// allocation gives a warning naming the PyTorch call that records one;
+/// `segment_alloc`/`segment_map` and `segment_free`/
 /// `segment_unmap` become segment events. When the snapshot's `segments`
 /// (state at dump time) show that PyTorch held memory before the first
 /// event, a leading segment_alloc of those bytes (reserved at dump minus the
@@ -37,11 +42,17 @@ struct SnapshotOptions {
 Expected<Trace> read_pytorch_snapshot(std::string_view data, std::string name,
                                       const SnapshotOptions& options = {});
 
+/// Every device of a snapshot, as read_pytorch_snapshot reads one: a trace
+/// per device with entries, named "NAME:devN" when there are several (the
+/// empty trace of device -1 when none has any).
+Expected<std::vector<Trace>> read_pytorch_snapshot_devices(std::string_view data, std::string name);
+
 /// Reads the CSV of RMM's logging_resource_adaptor: the header
 /// `Thread,Time,Action,Pointer,Size,Stream`, then one line per call with the
 /// time as HH:MM:SS.ffffff and the action `allocate`, `allocate failure` or
 /// `free`. A free of a pointer allocated before the log began counts in
-/// `unmatched_frees`; an `allocate failure` counts in `failed_allocs`.
+/// `unmatched_frees` and its block is seeded (trace.hpp); an `allocate
+/// failure` counts in `failed_allocs` and is listed in `failures`.
 /// Errors give the line and column.
 Expected<Trace> read_rmm_csv(std::string_view text, std::string name);
 
@@ -73,6 +84,11 @@ Expected<Trace> parse_trace(std::string_view data, std::string name, const ReadO
 /// Reads the file at `path` in any supported format; the trace is named by the
 /// file's name. io_error when it cannot be read.
 Expected<Trace> read_trace(const std::string& path, const ReadOptions& options = {});
+
+/// As read_trace, but a snapshot read with options.snapshot.device -1 gives
+/// every device with entries (read_pytorch_snapshot_devices); one trace for
+/// the other formats, which record one device.
+Expected<std::vector<Trace>> read_traces(const std::string& path, const ReadOptions& options = {});
 
 /// Figures of the trace itself, before any replay.
 struct TraceSummary {

@@ -41,6 +41,7 @@ Json mode_json(const trace::ModeReplay& mode) {
   out["capacity_bytes"] = mode.capacity_bytes;
   out["events"] = mode.events;
   out["peak_live_bytes"] = mode.peak_live_bytes;
+  out["served_peak_live_bytes"] = mode.served_peak_live_bytes;
   out["peak_live_rounded_bytes"] = mode.peak_live_rounded_bytes;
   out["initial_reserved_bytes"] = mode.initial_reserved_bytes;
   out["peak_reserved_bytes"] = mode.peak_reserved_bytes;
@@ -51,6 +52,9 @@ Json mode_json(const trace::ModeReplay& mode) {
   out["min_capacity_bytes"] = optional_json(mode.min_capacity_bytes);
   out["min_capacity_ratio"] = mode.min_capacity_bytes ? Json(mode.min_capacity_ratio()) : Json(nullptr);
   out["min_capacity_probes"] = mode.min_capacity_probes;
+  out["min_limit_bytes"] = optional_json(mode.min_limit_bytes);
+  out["min_limit_ratio"] = mode.min_limit_bytes ? Json(mode.min_limit_ratio()) : Json(nullptr);
+  out["min_limit_probes"] = mode.min_limit_probes;
   out["device_calls"] = calls_json(mode.device_calls);
   Json passes = Json::array();
   for (const trace::PassReplay& pass : mode.passes) {
@@ -75,6 +79,9 @@ Json mode_json(const trace::ModeReplay& mode) {
   } else {
     out["first_oom"] = nullptr;
   }
+  Json marks = Json::array();
+  for (const trace::OomMark& mark : mode.oom_marks) marks.push_back(Json{{"x", mark.x}, {"bytes", mark.bytes}});
+  out["oom_marks"] = std::move(marks);
   out["replay_ns"] = mode.replay_ns;
   out["ns_per_op"] = mode.ns_per_op();
   out["events_per_second"] = mode.events_per_second();
@@ -92,7 +99,28 @@ Json trace_json(const trace::TraceReplay& replay) {
   out["events"] = replay.events;
   out["blocks"] = replay.blocks;
   out["unmatched_frees"] = replay.unmatched_frees;
+  out["seeded_blocks"] = replay.seeded_blocks;
+  out["seeded_bytes"] = replay.seeded_bytes;
+  out["peak_live_bytes"] = replay.peak_live_bytes;
   out["failed_allocs"] = replay.failed_allocs;
+  Json failures = Json::array();
+  for (const trace::OomMark& failure : replay.failures) {
+    failures.push_back(Json{{"x", failure.x}, {"bytes", failure.bytes}});
+  }
+  out["recorded_failures"] = std::move(failures);
+  out["peak_x"] = replay.peak_x;
+  Json largest = Json::array();
+  for (const trace::TraceReplay::PeakBlock& block : replay.largest_at_peak) {
+    largest.push_back(Json{{"block", block.block},
+                           {"bytes", block.bytes},
+                           {"alloc_x", block.alloc_x},
+                           {"seeded", block.seeded},
+                           {"stack", block.stack}});
+  }
+  out["largest_at_peak"] = std::move(largest);
+  Json settings = Json::object();
+  for (const auto& [key, value] : replay.recorder_settings) settings[key] = value;
+  out["recorder_settings"] = std::move(settings);
   out["x_unit"] = replay.timed ? "time_us" : "event";
   out["mem_fraction"] = replay.mem_fraction;
   Json modes = Json::array();

@@ -28,27 +28,23 @@ namespace detail {
 
 TableText table_text(const trace::TraceReplay& replay) {
   TableText table;
-  std::uint64_t peak_live = 0;
-  std::size_t capacity = 0;
-  for (const trace::ModeReplay& mode : replay.modes) {
-    peak_live = std::max(peak_live, mode.peak_live_bytes);
-    capacity = mode.capacity_bytes;
-  }
+  const std::size_t capacity = replay.modes.empty() ? 0 : replay.modes.front().capacity_bytes;
   table.heading = fmt::format("{} ({}): {} events, {} blocks", replay.trace_name,
                               replay.trace_format, replay.events, replay.blocks);
-  if (replay.unmatched_frees != 0) {
-    table.heading += fmt::format(", {} unmatched frees skipped", replay.unmatched_frees);
+  if (replay.seeded_blocks != 0) {
+    table.heading += fmt::format(" ({} live at the start: {}, seeded)", replay.seeded_blocks,
+                                 bytes_text(replay.seeded_bytes));
   }
   table.heading += fmt::format("; device {}, fraction {:.2f}; peak live {}", bytes_text(capacity),
-                               replay.mem_fraction, bytes_text(peak_live));
+                               replay.mem_fraction, bytes_text(replay.peak_live_bytes));
   // With several passes, device calls and ns/op are the last pass's: the warm pool.
   const std::size_t passes = replay.modes.empty() ? 1 : replay.modes.front().passes.size();
   if (passes > 1) {
     table.heading += fmt::format("; {} passes, device calls and ns/op of the last", passes);
   }
   table.rows.push_back({"mode", "peak reserved", "avg reserved", "reserved/live", "high-water",
-                        "min capacity (x live)", "dev allocs", "dev frees", "maps", "unmaps", "syncs",
-                        "OOMs", "ns/op"});
+                        "min capacity (x live)", "min limit (x live)", "dev allocs", "dev frees", "maps", "unmaps",
+                        "syncs", "OOMs", "ns/op"});
   for (const trace::ModeReplay& mode : replay.modes) {
     const bool warm = mode.passes.size() > 1;
     const trace::DeviceCalls& calls = warm ? mode.passes.back().device_calls : mode.device_calls;
@@ -62,6 +58,9 @@ TableText table_text(const trace::TraceReplay& replay) {
         mode.min_capacity_bytes ? fmt::format("{} ({:.2f}x)", bytes_text(*mode.min_capacity_bytes),
                                               mode.min_capacity_ratio())
                                 : "-",
+        mode.min_limit_bytes ? fmt::format("{} ({:.2f}x)", bytes_text(*mode.min_limit_bytes),
+                                           mode.min_limit_ratio())
+                             : "-",
         std::to_string(calls.allocs + calls.creates),
         std::to_string(calls.frees + calls.releases),
         std::to_string(calls.maps),
@@ -75,7 +74,18 @@ TableText table_text(const trace::TraceReplay& replay) {
     const trace::RecordedReplay& recorded = *replay.recorded;
     table.rows.push_back({recorded.label, bytes_text(recorded.peak_reserved_bytes),
                           bytes_text(static_cast<std::uint64_t>(recorded.average_reserved_bytes)),
-                          ratio_text(recorded.fragmentation), "-", "-", "-", "-", "-", "-", "-", "-", "-"});
+                          ratio_text(recorded.fragmentation), "-", "-", "-", "-", "-", "-", "-", "-",
+                          std::to_string(replay.failed_allocs), "-"});
+  }
+  if (replay.failed_allocs != 0) {
+    std::string note = fmt::format("recorded: {} allocation{} failed in the recorded program",
+                                   replay.failed_allocs, replay.failed_allocs == 1 ? "" : "s");
+    if (!replay.failures.empty()) {
+      const trace::OomMark& first = replay.failures.front();
+      note += fmt::format("; the first of {} at {} {}", bytes_text(first.bytes),
+                          replay.timed ? "time_us" : "event", first.x);
+    }
+    table.notes.push_back(std::move(note));
   }
   for (const trace::ModeReplay& mode : replay.modes) {
     if (!mode.first_oom) continue;
@@ -84,6 +94,8 @@ TableText table_text(const trace::TraceReplay& replay) {
                                       mode_label(mode), mode.ooms, mode.ooms == 1 ? "" : "s",
                                       oom.event_index, oom.block, bytes_text(oom.requested_bytes),
                                       first_line(oom.message)));
+    table.notes.push_back(fmt::format("{}: served a peak live of {} of the trace's {}", mode_label(mode),
+                                      bytes_text(mode.served_peak_live_bytes), bytes_text(replay.peak_live_bytes)));
   }
   return table;
 }
@@ -115,7 +127,17 @@ std::string replay_table(const trace::TraceReplay& replay) {
   return out;
 }
 
-std::string stats_table(const trace::TraceReplay& replay) {
+namespace detail {
+
+std::int64_t series_origin(const trace::TraceReplay& replay) {
+  for (const trace::ModeReplay& mode : replay.modes) {
+    if (!mode.series.empty()) return mode.series.front().x;
+  }
+  if (replay.recorded && !replay.recorded->series.empty()) return replay.recorded->series.front().x;
+  return 0;
+}
+
+std::vector<std::vector<std::string>> stats_rows(const trace::TraceReplay& replay) {
   if (replay.modes.empty()) return {};
   // One row per counter (JAX's memory_stats() names first), one column per mode.
   std::vector<std::vector<std::string>> rows = {{"stat"}};
@@ -126,6 +148,14 @@ std::string stats_table(const trace::TraceReplay& replay) {
     for (const trace::ModeReplay& mode : replay.modes) row.push_back(std::to_string(mode.stats.items()[i].second));
     rows.push_back(std::move(row));
   }
+  return rows;
+}
+
+}  // namespace detail
+
+std::string stats_table(const trace::TraceReplay& replay) {
+  const std::vector<std::vector<std::string>> rows = detail::stats_rows(replay);
+  if (rows.empty()) return {};
   std::vector<std::size_t> widths(rows.front().size(), 0);
   for (const auto& row : rows) {
     for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());

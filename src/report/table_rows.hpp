@@ -2,6 +2,7 @@
 // so both always show the same figures.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,5 +17,13 @@ struct TableText {
 };
 
 TableText table_text(const trace::TraceReplay& replay);
+
+/// The x of the trace's first event, where every series starts: reports
+/// draw x relative to it (a trace's times are since the epoch).
+std::int64_t series_origin(const trace::TraceReplay& replay);
+
+/// Each mode's pool stats after the last event: rows[0] is "stat" and the
+/// modes, then one row per Stats::items() counter. Empty without modes.
+std::vector<std::vector<std::string>> stats_rows(const trace::TraceReplay& replay);
 
 }  // namespace tidepool::report::detail

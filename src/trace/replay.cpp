@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "tidepool/device_adaptors.hpp"
+#include "tidepool/host_device.hpp"
 #include "tidepool/trace_io.hpp"
 #include "tidepool/units.hpp"
 
@@ -86,10 +87,16 @@ Expected<Stack> make_stack(Mode mode, std::size_t capacity_bytes, const ReplayOp
   return stack;
 }
 
+/// The capacity asked for, else the trace's, else the default; rounded up to
+/// the granularity (a host device's capacity is a multiple of it).
 std::size_t resolve_capacity(const Trace& trace, const ReplayOptions& options) {
-  if (options.capacity_bytes != 0) return options.capacity_bytes;
-  if (trace.device_capacity != 0) return trace.device_capacity;
-  return kDefaultReplayCapacity;
+  std::size_t capacity = kDefaultReplayCapacity;
+  if (options.capacity_bytes != 0) {
+    capacity = options.capacity_bytes;
+  } else if (trace.device_capacity != 0) {
+    capacity = trace.device_capacity;
+  }
+  return round_up(capacity, replay_granularity());
 }
 
 /// Whether every event has a time, so the series and averages can use it.
@@ -306,6 +313,10 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
             if (allocated.error().code() != Errc::out_of_memory) return std::move(allocated).error();
             ++pass.ooms;
             state[event.block] = kRefused;
+            if (result.oom_marks.size() < kMaxOomMarks) {
+              result.oom_marks.push_back(
+                  {x_offset + (timed ? event.time_us : static_cast<std::int64_t>(index)), event.bytes});
+            }
             if (!result.first_oom) {
               FirstOom oom;
               oom.event_index = index;
@@ -409,13 +420,12 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
   }
   if (flags.collect_series) sampler.finish();
 
-  result.peak_live_bytes = peak_live;
+  result.served_peak_live_bytes = peak_live;
+  result.peak_live_bytes = peak_live;  // replay_with_search puts the trace's in
   result.peak_reserved_bytes = peak_reserved;
   const DeviceCounters counts = counting.counters();
   result.final_reserved_bytes = counts.bytes_held;
   result.average_reserved_bytes = events.empty() ? static_cast<double>(initial_reserved) : average.mean();
-  result.fragmentation =
-      peak_live == 0 ? 0.0 : static_cast<double>(peak_reserved) / static_cast<double>(peak_live);
   result.stats = pool.stats();
   result.peak_live_rounded_bytes = static_cast<std::uint64_t>(result.stats.peak_bytes_in_use);
   result.device_calls = calls_of(counts);
@@ -428,20 +438,11 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
   return result;
 }
 
-/// The granularity of the host device a replay at `capacity_bytes` runs on.
-Expected<std::size_t> replay_granularity(std::size_t capacity_bytes, const Config& base) {
-  auto device = make_device(host_config(Mode::growth, capacity_bytes, base));
-  if (!device) return std::move(device).error();
-  return (*device)->granularity();
-}
-
 /// The capacity search. Every capacity below the peak of requested live
 /// bytes must fail, so the search starts there.
 Expected<MinCapacity> search_min_capacity(const Trace& trace, Mode mode, std::size_t upper_bytes,
                                           std::uint64_t peak_live_bytes, const ReplayOptions& options) {
-  auto granularity = replay_granularity(upper_bytes, options.config);
-  if (!granularity) return std::move(granularity).error();
-  const std::size_t granule = *granularity;
+  const std::size_t granule = replay_granularity();
 
   MinCapacity found;
   RunFlags flags;
@@ -491,19 +492,87 @@ Expected<MinCapacity> search_min_capacity(const Trace& trace, Mode mode, std::si
   return found;
 }
 
-/// One mode's replay at the options' capacity, and its capacity search when asked.
-Expected<ModeReplay> replay_with_search(const Trace& trace, Mode mode, const ReplayOptions& options,
-                                        const RunFlags& flags) {
+/// peak_reserved / peak_live: the footprint in multiples of what the trace needs.
+double reserved_per_live(std::uint64_t peak_reserved, std::uint64_t peak_live) {
+  return peak_live == 0 ? 0.0 : static_cast<double>(peak_reserved) / static_cast<double>(peak_live);
+}
+
+/// One mode's replay at the options' capacity, and its capacity and limit
+/// searches when asked. `peak_live_bytes` is the trace's (summarize()).
+Expected<ModeReplay> replay_with_search(const Trace& trace, std::uint64_t peak_live_bytes, Mode mode,
+                                        const ReplayOptions& options, const RunFlags& flags) {
   const std::size_t capacity = resolve_capacity(trace, options);
   auto result = run(trace, mode, capacity, options, flags);
   if (!result) return result;
+  result->peak_live_bytes = peak_live_bytes;
+  result->fragmentation = reserved_per_live(result->peak_reserved_bytes, peak_live_bytes);
   if (options.find_min_capacity) {
-    auto found = search_min_capacity(trace, mode, capacity, result->peak_live_bytes, options);
+    auto found = search_min_capacity(trace, mode, capacity, peak_live_bytes, options);
     if (!found) return std::move(found).error();
     result->min_capacity_bytes = found->bytes;
     result->min_capacity_probes = found->probes;
+    // The limit is the capacity the mode may take all of: the search at fraction 1.
+    ReplayOptions whole_device = options;
+    whole_device.config.mem_fraction.value = 1.0;
+    auto limit = search_min_capacity(trace, mode, capacity, peak_live_bytes, whole_device);
+    if (!limit) return std::move(limit).error();
+    result->min_limit_bytes = limit->bytes;
+    result->min_limit_probes = limit->probes;
   }
   return result;
+}
+
+/// What the reports show of the blocks themselves: the largest live at the
+/// peak and, for small traces, every lifetime. Precondition: summarize(trace)
+/// succeeded and out.peak_live_bytes is its peak.
+void describe_blocks(const Trace& trace, TraceReplay& out) {
+  const std::vector<Event>& events = trace.events;
+  const bool timed = out.timed;
+  auto x_of = [&](std::size_t index) { return timed ? events[index].time_us : static_cast<std::int64_t>(index); };
+  const bool keep_lifetimes = trace.num_blocks <= kMaxLifetimes;
+  std::vector<std::size_t> alloc_index(trace.num_blocks, 0);
+  std::vector<bool> live(trace.num_blocks, false);
+  std::vector<std::uint32_t> live_at_peak;
+  bool peak_seen = false;
+  std::uint64_t live_bytes = 0;
+  if (keep_lifetimes) out.lifetimes.resize(trace.num_blocks);
+  for (std::size_t index = 0; index < events.size(); ++index) {
+    const Event& event = events[index];
+    if (event.op == Op::alloc) {
+      alloc_index[event.block] = index;
+      live[event.block] = true;
+      live_bytes += event.bytes;
+      if (keep_lifetimes) out.lifetimes[event.block] = {event.block, event.bytes, x_of(index), -1};
+    } else if (event.op == Op::free) {
+      live[event.block] = false;
+      live_bytes -= event.bytes;
+      if (keep_lifetimes) out.lifetimes[event.block].end_x = x_of(index);
+    }
+    if (!peak_seen && live_bytes == out.peak_live_bytes && out.peak_live_bytes != 0) {
+      peak_seen = true;
+      out.peak_x = x_of(index);
+      for (std::uint32_t block = 0; block < trace.num_blocks; ++block) {
+        if (live[block]) live_at_peak.push_back(block);
+      }
+    }
+  }
+  constexpr std::size_t kLargest = 10;
+  auto bytes_of = [&](std::uint32_t block) { return events[alloc_index[block]].bytes; };
+  const std::size_t kept = std::min(kLargest, live_at_peak.size());
+  std::partial_sort(live_at_peak.begin(), live_at_peak.begin() + static_cast<std::ptrdiff_t>(kept), live_at_peak.end(),
+                    [&](std::uint32_t a, std::uint32_t b) { return bytes_of(a) > bytes_of(b); });
+  for (std::size_t i = 0; i < kept; ++i) {
+    const std::uint32_t block = live_at_peak[i];
+    TraceReplay::PeakBlock peak;
+    peak.block = block;
+    peak.bytes = bytes_of(block);
+    peak.alloc_x = x_of(alloc_index[block]);
+    peak.seeded = block < trace.seeded_blocks;
+    if (block < trace.block_stacks.size() && trace.block_stacks[block] < trace.stacks.size()) {
+      peak.stack = trace.stacks[trace.block_stacks[block]];
+    }
+    out.largest_at_peak.push_back(std::move(peak));
+  }
 }
 
 }  // namespace
@@ -522,10 +591,14 @@ DeviceCalls DeviceCalls::since(const DeviceCalls& earlier) const noexcept {
   return delta;
 }
 
+std::size_t replay_granularity() noexcept { return HostDeviceOptions{}.granularity; }
+
 Expected<ModeReplay> replay_mode(const Trace& trace, Mode mode, const ReplayOptions& options) {
+  auto summary = summarize(trace);
+  if (!summary) return std::move(summary).error();
   RunFlags flags;
   flags.progress_total = trace.events.size() * options.passes;
-  return replay_with_search(trace, mode, options, flags);
+  return replay_with_search(trace, summary->peak_live_bytes, mode, options, flags);
 }
 
 Expected<MinCapacity> find_min_capacity(const Trace& trace, Mode mode, std::size_t upper_bytes,
@@ -581,9 +654,7 @@ std::optional<RecordedReplay> recorded_reserved(const Trace& trace, std::size_t 
   }
   sampler.finish();
   recorded.average_reserved_bytes = average.mean();
-  recorded.fragmentation = peak_live == 0 ? 0.0
-                                          : static_cast<double>(recorded.peak_reserved_bytes) /
-                                                static_cast<double>(peak_live);
+  recorded.fragmentation = reserved_per_live(recorded.peak_reserved_bytes, peak_live);
   return recorded;
 }
 
@@ -595,14 +666,31 @@ Expected<TraceReplay> replay(const Trace& trace, std::span<const Mode> modes,
   out.events = trace.events.size();
   out.blocks = trace.num_blocks;
   out.unmatched_frees = trace.unmatched_frees;
+  out.seeded_blocks = trace.seeded_blocks;
+  out.seeded_bytes = trace.seeded_bytes;
   out.failed_allocs = trace.failed_allocs;
   out.timed = trace_is_timed(trace);
   out.mem_fraction = options.config.mem_fraction.value;
+  out.recorder_settings = trace.recorder_settings;
+  for (const RecordedFailure& failure : trace.failures) {
+    // On the series' axis: its time, or the index of the event it preceded.
+    std::int64_t x = static_cast<std::int64_t>(failure.before_event);
+    if (out.timed) {
+      x = failure.time_us >= 0 ? failure.time_us
+          : failure.before_event < trace.events.size() ? trace.events[failure.before_event].time_us
+                                                        : trace.events.back().time_us;
+    }
+    out.failures.push_back({x, failure.bytes});
+  }
+  auto summary = summarize(trace);
+  if (!summary) return std::move(summary).error();
+  out.peak_live_bytes = summary->peak_live_bytes;
+  describe_blocks(trace, out);
 
   RunFlags flags;
   flags.progress_total = static_cast<std::uint64_t>(trace.events.size()) * modes.size() * options.passes;
   for (const Mode mode : modes) {
-    auto result = replay_with_search(trace, mode, options, flags);
+    auto result = replay_with_search(trace, out.peak_live_bytes, mode, options, flags);
     if (!result) {
       return Error(result.error().code(), "replay of '" + trace.name + "' under " +
                                               std::string(mode_name(mode)) + ": " +

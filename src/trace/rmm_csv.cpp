@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "tidepool/trace_io.hpp"
+#include "trace/live_at_start.hpp"
 #include "trace/text_lines.hpp"
 
 namespace tidepool::trace {
@@ -81,6 +82,7 @@ Expected<Trace> read_rmm_csv(std::string_view data, std::string name) {
     std::size_t line;
   };
   std::unordered_map<std::uint64_t, Live> live;  // by pointer
+  detail::LiveAtStart live_at_start;
   std::int64_t day_offset = 0;
   std::int64_t previous_time = -1;
 
@@ -134,6 +136,7 @@ Expected<Trace> read_rmm_csv(std::string_view data, std::string name) {
 
     if (is_failure) {
       ++trace.failed_allocs;
+      trace.failures.push_back({trace.events.size(), *size, time_us});
       continue;
     }
     Event event;
@@ -155,8 +158,9 @@ Expected<Trace> read_rmm_csv(std::string_view data, std::string name) {
       event.bytes = *size;
     } else {
       auto it = live.find(*pointer);
-      if (it == live.end()) {  // allocated before the log began
+      if (it == live.end()) {  // allocated before the log began: live at the start
         ++trace.unmatched_frees;
+        trace.events.push_back(live_at_start.free_of_unrecorded(trace, *size, event.stream, time_us));
         continue;
       }
       if (it->second.bytes != *size) {
@@ -172,6 +176,7 @@ Expected<Trace> read_rmm_csv(std::string_view data, std::string name) {
     }
     trace.events.push_back(event);
   }
+  live_at_start.prepend_to(trace);
   return trace;
 }
 

@@ -61,6 +61,10 @@ std::string write_tidepool(const Trace& trace) {
   append_number(out, trace.device_capacity);
   out += "\nunmatched_frees ";
   append_number(out, trace.unmatched_frees);
+  out += "\nseeded_blocks ";
+  append_number(out, trace.seeded_blocks);
+  out += "\nseeded_bytes ";
+  append_number(out, trace.seeded_bytes);
   out += "\nfailed_allocs ";
   append_number(out, trace.failed_allocs);
   out += "\nblocks ";
@@ -144,6 +148,11 @@ Expected<Trace> read_tidepool(std::string_view data, std::string name) {
       trace.device_capacity = *number;
     } else if (key == "unmatched_frees") {
       trace.unmatched_frees = *number;
+    } else if (key == "seeded_blocks") {
+      if (*number > 0xffffffffu) return fail("seeded_blocks " + std::to_string(*number) + " exceeds 2^32 - 1");
+      trace.seeded_blocks = static_cast<std::uint32_t>(*number);
+    } else if (key == "seeded_bytes") {
+      trace.seeded_bytes = *number;
     } else if (key == "failed_allocs") {
       trace.failed_allocs = *number;
     } else if (key == "blocks") {
@@ -153,10 +162,13 @@ Expected<Trace> read_tidepool(std::string_view data, std::string name) {
       events = number;
     } else {
       return fail("unknown header key '" + std::string{key} + "' (version 1 knows name, device, "
-                  "device_capacity, unmatched_frees, failed_allocs, blocks, events)");
+                  "device_capacity, unmatched_frees, seeded_blocks, seeded_bytes, failed_allocs, blocks, events)");
     }
   }
   if (!blocks) return fail("the header has no 'blocks' line before 'events'");
+  if (trace.seeded_blocks > *blocks) {
+    return fail("seeded_blocks " + std::to_string(trace.seeded_blocks) + " exceeds blocks " + std::to_string(*blocks));
+  }
   // Reserve no more than the text can hold (a line is at least 8 bytes).
   if (*events > data.size() / 8 + 1 || *blocks > *events) {
     return fail("the header announces " + std::to_string(*events) + " events and " + std::to_string(*blocks) +

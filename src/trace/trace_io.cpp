@@ -47,7 +47,15 @@ Expected<Trace> parse_trace(std::string_view data, std::string name, const ReadO
   return Error(Errc::corrupt_data, name + ": unknown format");
 }
 
-Expected<Trace> read_trace(const std::string& path, const ReadOptions& options) {
+namespace {
+
+/// The file's bytes and the name a trace read from it takes (its file name).
+struct TraceFile {
+  std::string data;
+  std::string name;
+};
+
+Expected<TraceFile> read_trace_file(const std::string& path) {
   std::error_code kind_error;
   if (std::filesystem::is_directory(path, kind_error))
     return Error(Errc::io_error, "cannot read trace " + path + ": it is a directory, not a trace file");
@@ -56,9 +64,30 @@ Expected<Trace> read_trace(const std::string& path, const ReadOptions& options) 
   std::ostringstream contents;
   contents << file.rdbuf();
   if (file.bad()) return Error(Errc::io_error, "cannot read trace " + path + ": " + std::strerror(errno));
-  const std::string data = std::move(contents).str();
   const std::size_t slash = path.find_last_of('/');
-  return parse_trace(data, slash == std::string::npos ? path : path.substr(slash + 1), options);
+  return TraceFile{std::move(contents).str(), slash == std::string::npos ? path : path.substr(slash + 1)};
+}
+
+}  // namespace
+
+Expected<Trace> read_trace(const std::string& path, const ReadOptions& options) {
+  auto file = read_trace_file(path);
+  if (!file) return std::move(file).error();
+  return parse_trace(file->data, std::move(file->name), options);
+}
+
+Expected<std::vector<Trace>> read_traces(const std::string& path, const ReadOptions& options) {
+  auto file = read_trace_file(path);
+  if (!file) return std::move(file).error();
+  Expected<Format> format = detect_format(file->data);
+  if (format && *format == Format::pytorch_snapshot && options.snapshot.device < 0) {
+    return read_pytorch_snapshot_devices(file->data, std::move(file->name));
+  }
+  auto trace = parse_trace(file->data, std::move(file->name), options);
+  if (!trace) return std::move(trace).error();
+  std::vector<Trace> traces;
+  traces.push_back(std::move(*trace));
+  return traces;
 }
 
 Status write_tidepool_file(const Trace& trace, const std::string& path) {

@@ -160,6 +160,9 @@ def test_replay_workload_rows():
         assert row["capacity_bytes"] == 16 * GiB
         assert row["events"] > 0
         assert row["peak_reserved_bytes"] >= row["peak_live_bytes"] > 0
+        assert row["served_peak_live_bytes"] == row["peak_live_bytes"]
+        assert row["seeded_blocks"] == 0 and row["seeded_bytes"] == 0  # a built-in workload starts empty
+        assert row["min_limit_bytes"] is None
         assert row["ooms"] == 0 and row["first_oom"] is None
         assert JAX_KEYS <= set(row["stats"])
         assert "series" not in row

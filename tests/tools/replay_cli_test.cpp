@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tools/run_cli.hpp"
+#include "trace/pickle_builder.hpp"
 
 namespace tidepool::test {
 namespace {
@@ -44,19 +45,26 @@ TEST(ReplayCommand, EveryModeOnARealSnapshot) {
   for (const char* row : {"preallocate", "growth", "platform", "expandable", "PyTorch (recorded)"}) {
     EXPECT_TRUE(contains(result.out, std::string("\n") + row)) << row << "\n" << result.out;
   }
-  EXPECT_TRUE(contains(result.out, "4103 events, 2162 blocks, 222 unmatched frees skipped")) << result.out;
+  // 222 frees without an alloc and 225 blocks live throughout (the weights) are seeded.
+  EXPECT_TRUE(contains(result.out, "4772 events, 2609 blocks (447 live at the start: 2.85 GiB, seeded)"))
+      << result.out;
 
   const json report = read_json(json_path);
   ASSERT_FALSE(report.is_discarded());
   ASSERT_EQ(report["traces"].size(), 1u);
   const json& trace = report["traces"][0];
-  EXPECT_EQ(trace["events"], 4103);
-  EXPECT_EQ(trace["blocks"], 2162);
+  EXPECT_EQ(trace["events"], 4772);
+  EXPECT_EQ(trace["blocks"], 2609);
   EXPECT_EQ(trace["unmatched_frees"], 222);
+  EXPECT_EQ(trace["seeded_blocks"], 447);
+  EXPECT_EQ(trace["seeded_bytes"], 3064418304u);
+  EXPECT_EQ(trace["peak_live_bytes"], 3849232640u);
   ASSERT_EQ(trace["modes"].size(), 4u);
   const std::uint64_t peak_live = trace["modes"][0]["peak_live_bytes"];
+  EXPECT_EQ(peak_live, 3849232640u);
   for (const json& row : trace["modes"]) {
     EXPECT_EQ(row["peak_live_bytes"], peak_live) << row["mode"];  // the same trace under each
+    EXPECT_EQ(row["served_peak_live_bytes"], peak_live) << row["mode"];
     EXPECT_EQ(row["ooms"], 0) << row["mode"];
     EXPECT_GT(row["events_per_second"].get<double>(), 0.0) << row["mode"];
   }
@@ -99,6 +107,14 @@ TEST(ReplayCommand, ModesAndReports) {
   EXPECT_TRUE(contains(page, "<html")) << page.substr(0, 200);
   EXPECT_TRUE(contains(page, "expandable"));
   EXPECT_FALSE(contains(page, "<script src=")) << "the page must be self-contained";
+  // Why: what the peak is made of, where it was allocated, and how PyTorch was set up.
+  EXPECT_TRUE(contains(page, "The largest blocks live at the peak (3.58 GiB live")) << "the peak's blocks";
+  EXPECT_TRUE(contains(page, "before recording began")) << "seeded blocks are named as such";
+  EXPECT_TRUE(contains(page, "cs336_basics/optimizer.py:74 step")) << "Python frames of a block at the peak";
+  EXPECT_TRUE(contains(page, "<tr><td>expandable_segments</td><td>False</td></tr>")) << "allocator_settings";
+  std::size_t slices = 0;
+  for (const json& event : events["traceEvents"]) slices += event.value("ph", "") == "X";
+  EXPECT_EQ(slices, 2609u) << "one slice per block lifetime";
 }
 
 TEST(ReplayCommand, CompareReplaysTheBuiltInWorkloads) {
@@ -183,6 +199,164 @@ TEST(ReplayCommand, BadInputIsAClearErrorAndExitStatusOne) {
   CliResult bad_capacity = run_cli({"replay", "--capacity", "lots", kBcrafton});
   EXPECT_NE(bad_capacity.exit_status, 0);
   EXPECT_TRUE(contains(bad_capacity.err, "lots")) << bad_capacity.err;
+}
+
+std::string write_temp(const std::string& name, const std::string& data) {
+  const std::string path = temp_path(name);
+  std::ofstream out(path, std::ios::binary);
+  out << data;
+  return path;
+}
+
+TEST(ReplayCommand, EveryDeviceOfASnapshotOrTheOneAsked) {
+  namespace build = test::pickle;
+  const std::string snapshot = write_temp(
+      "multi.pickle", build::snapshot({{build::entry("alloc", 0x1000, 4 << 20, 0, 1)},
+                                       {build::entry("alloc", 0x1000, 8 << 20, 0, 1),
+                                        build::entry("free_completed", 0x1000, 8 << 20, 0, 2)}}));
+  const std::string json_path = temp_path("multi.json");
+  CliResult every = run_cli({"replay", "-q", "--modes", "platform", "--json", json_path, snapshot});
+  ASSERT_EQ(every.exit_status, 0) << every.err;
+  const json all = read_json(json_path);
+  ASSERT_EQ(all["traces"].size(), 2u);
+  EXPECT_EQ(all["traces"][0]["name"], "tidepool-replay-cli-" + std::to_string(::getpid()) + "-multi.pickle:dev0");
+  EXPECT_EQ(all["traces"][0]["peak_live_bytes"], 4 << 20);
+  EXPECT_TRUE(contains(all["traces"][1]["name"].get<std::string>(), "multi.pickle:dev1"));
+  EXPECT_EQ(all["traces"][1]["peak_live_bytes"], 8 << 20);
+
+  CliResult one = run_cli({"replay", "-q", "--modes", "platform", "--device", "1", "--json", json_path, snapshot});
+  ASSERT_EQ(one.exit_status, 0) << one.err;
+  const json second = read_json(json_path);
+  ASSERT_EQ(second["traces"].size(), 1u);
+  EXPECT_EQ(second["traces"][0]["peak_live_bytes"], 8 << 20);
+
+  CliResult bad = run_cli({"replay", "--device", "one", snapshot});
+  EXPECT_EQ(bad.exit_status, 1);
+  EXPECT_TRUE(contains(bad.err, "--device 'one': allowed: a device index (0, 1, ...) or 'all'")) << bad.err;
+  CliResult missing = run_cli({"replay", "--device", "5", snapshot});
+  EXPECT_EQ(missing.exit_status, 1);
+  EXPECT_TRUE(contains(missing.err, "device 5 requested, but the snapshot has traces for 2 devices")) << missing.err;
+  std::remove(snapshot.c_str());
+}
+
+TEST(ReplayCommand, RecordedOomsInTheTableTheJsonAndTheHtml) {
+  namespace build = test::pickle;
+  const std::string snapshot = write_temp(
+      "oom.pickle", build::snapshot({{build::entry("alloc", 0x1000, 4 << 20, 0, 10),
+                                      build::entry("oom", 0, std::int64_t{3} << 30, 0, 20),
+                                      build::entry("free_completed", 0x1000, 4 << 20, 0, 30)}}));
+  const std::string json_path = temp_path("oom.json");
+  const std::string html_path = temp_path("oom.html");
+  CliResult result =
+      run_cli({"replay", "--modes", "platform", "--json", json_path, "--html", html_path, snapshot});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_TRUE(contains(result.out, "recorded: 1 allocation failed in the recorded program; the first of 3.00 GiB at time_us 20"))
+      << result.out;
+  const json report = read_json(json_path);
+  const json& trace = report["traces"][0];
+  EXPECT_EQ(trace["failed_allocs"], 1);
+  ASSERT_EQ(trace["recorded_failures"].size(), 1u);
+  EXPECT_EQ(trace["recorded_failures"][0]["x"], 20);
+  EXPECT_EQ(trace["recorded_failures"][0]["bytes"], std::uint64_t{3} << 30);
+  const std::string page = read_file(html_path);
+  std::remove(html_path.c_str());
+  EXPECT_TRUE(contains(page, "recorded: 1 allocation failed")) << "the table's note";
+  EXPECT_TRUE(contains(page, "\"failures\":[{\"x\":10,\"bytes\":3221225472}]")) << "the chart's marker, at its time";
+  std::remove(snapshot.c_str());
+}
+
+TEST(ReplayCommand, UsageErrorsExitTwoWithTheUsageLine) {
+  CliResult unknown = run_cli({"replya", kBcrafton});
+  EXPECT_EQ(unknown.exit_status, 2);
+  EXPECT_TRUE(contains(unknown.err, "tidepool: error: unknown subcommand 'replya'; the subcommands are")) << unknown.err;
+  EXPECT_TRUE(contains(unknown.err, "replay")) << unknown.err;
+  EXPECT_TRUE(contains(unknown.err, "usage: tidepool SUBCOMMAND [OPTIONS]")) << unknown.err;
+
+  CliResult flag = run_cli({"replay", "--bogus", kBcrafton});
+  EXPECT_EQ(flag.exit_status, 2);
+  EXPECT_TRUE(contains(flag.err, "tidepool: error: ")) << flag.err;
+  EXPECT_TRUE(contains(flag.err, "--bogus")) << flag.err;
+  EXPECT_TRUE(contains(flag.err, "usage: tidepool replay [OPTIONS] ... (see tidepool replay --help)")) << flag.err;
+
+  CliResult argument = run_cli({"replay"});
+  EXPECT_EQ(argument.exit_status, 2);
+  EXPECT_TRUE(contains(argument.err, "traces")) << argument.err;
+  EXPECT_TRUE(contains(argument.err, "usage: tidepool replay")) << argument.err;
+
+  CliResult value = run_cli({"replay", kBcrafton, "--json"});
+  EXPECT_EQ(value.exit_status, 2);
+  EXPECT_TRUE(contains(value.err, "--json")) << value.err;
+
+  CliResult none = run_cli({});
+  EXPECT_EQ(none.exit_status, 2);
+  CliResult help = run_cli({"replay", "--help"});
+  EXPECT_EQ(help.exit_status, 0);
+}
+
+TEST(ReplayCommand, DashWritesAReportToStandardOutput) {
+  CliResult result = run_cli({"replay", "--modes", "platform", "--json", "-", kBcrafton});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  const json report = json::parse(result.out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << "the table must stay off standard output: " << result.out.substr(0, 300);
+  EXPECT_EQ(report["traces"][0]["seeded_blocks"], 447);
+
+  CliResult perfetto = run_cli({"replay", "--modes", "platform", "--perfetto", "-", kBcrafton});
+  ASSERT_EQ(perfetto.exit_status, 0) << perfetto.err;
+  EXPECT_TRUE(json::parse(perfetto.out, nullptr, false).contains("traceEvents"));
+
+  CliResult html = run_cli({"replay", "--modes", "platform", "--html", "-", kBcrafton});
+  ASSERT_EQ(html.exit_status, 0) << html.err;
+  EXPECT_TRUE(html.out.starts_with("<!DOCTYPE html>")) << html.out.substr(0, 100);
+
+  CliResult two = run_cli({"replay", "--json", "-", "--html", "-", kBcrafton});
+  EXPECT_EQ(two.exit_status, 1);
+  EXPECT_TRUE(contains(two.err, "--json and --html both write to standard output")) << two.err;
+}
+
+TEST(ReplayCommand, OutputPathsAreCheckedBeforeTheReplay) {
+  // A replay with the capacity search takes a while: the bad path must fail first.
+  CliResult result = run_cli({"replay", "--min-capacity", "--json", "/nonexistent-dir/out.json", kBcrafton});
+  EXPECT_EQ(result.exit_status, 1);
+  EXPECT_TRUE(contains(result.err, "--json /nonexistent-dir/out.json: cannot be written")) << result.err;
+  EXPECT_TRUE(result.out.empty()) << "nothing replayed: " << result.out.substr(0, 200);
+  CliResult folder = run_cli({"replay", "--html", "/tmp", kBcrafton});
+  EXPECT_EQ(folder.exit_status, 1);
+  EXPECT_TRUE(contains(folder.err, "--html /tmp: is a folder, not a file")) << folder.err;
+}
+
+TEST(ReplayCommand, CapacityIsRoundedUpAndSaysSo) {
+  const std::string json_path = temp_path("capacity.json");
+  CliResult result = run_cli({"replay", "--modes", "platform", "--capacity", "10001MiB", "--json", json_path, kBcrafton});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_TRUE(contains(result.err, "tidepool: warning: --capacity 10001MiB rounded up to 9.77 GiB")) << result.err;
+  const json report = read_json(json_path);
+  EXPECT_EQ(report["traces"][0]["modes"][0]["capacity_bytes"].get<std::uint64_t>() % (2 << 20), 0u);
+  CliResult zero = run_cli({"replay", "--capacity", "0", kBcrafton});
+  EXPECT_EQ(zero.exit_status, 1);
+  EXPECT_TRUE(contains(zero.err, "--capacity '0': allowed: a positive size")) << zero.err;
+}
+
+TEST(ReplayCommand, AnEmptyHistoryWarns) {
+  const std::string snapshot = write_temp("empty.pickle", test::pickle::snapshot({{}}));
+  CliResult result = run_cli({"replay", "--modes", "platform", snapshot});
+  std::remove(snapshot.c_str());
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_TRUE(contains(result.err, "tidepool: warning: ")) << result.err;
+  EXPECT_TRUE(contains(result.err, "torch.cuda.memory._record_memory_history(max_entries=")) << result.err;
+}
+
+TEST(ReplayCommand, MinCapacityReportsTheMinLimit) {
+  const std::string json_path = temp_path("limit.json");
+  CliResult result = run_cli({"replay", "--modes", "growth", "--min-capacity", "--json", json_path, kBcrafton});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_TRUE(contains(result.out, "min limit (x live)")) << result.out;
+  const json report = read_json(json_path);
+  const json& growth = report["traces"][0]["modes"][0];
+  ASSERT_TRUE(growth["min_limit_bytes"].is_number()) << growth["min_limit_bytes"];
+  // The limit is the pool's need; the capacity adds the fraction's headroom (1 / 0.75).
+  EXPECT_LT(growth["min_limit_ratio"].get<double>(), growth["min_capacity_ratio"].get<double>());
+  EXPECT_GE(growth["min_limit_ratio"].get<double>(), 1.0);
+  EXPECT_LT(growth["min_limit_ratio"].get<double>(), 1.3);
 }
 
 #else

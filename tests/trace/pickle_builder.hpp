@@ -56,5 +56,17 @@ inline std::string snapshot(const std::vector<std::vector<std::string>>& devices
 inline std::string segment(std::int64_t device, std::int64_t address, std::int64_t total_size) {
   return dict({{"device", integer(device)}, {"address", integer(address)}, {"total_size", integer(total_size)}});
 }
+/// A block of a segment at dump time ("active_allocated", "inactive", ...).
+inline std::string block(std::int64_t address, std::int64_t size, std::int64_t requested_size,
+                         const std::string& state) {
+  return dict({{"address", integer(address)}, {"size", integer(size)}, {"requested_size", integer(requested_size)},
+               {"state", str(state)}, {"frames", list({})}});
+}
+/// A segment at dump time with its blocks.
+inline std::string segment(std::int64_t device, std::int64_t address, std::int64_t total_size,
+                           const std::vector<std::string>& blocks) {
+  return dict({{"device", integer(device)}, {"address", integer(address)}, {"total_size", integer(total_size)},
+               {"stream", integer(0)}, {"blocks", list(blocks)}});
+}
 
 }  // namespace tidepool::test::pickle

@@ -25,16 +25,16 @@ std::string read_data(const std::string& name) {
 // own pickle module (see tests/data/pytorch/README.md).
 struct Figures {
   const char* file;
-  std::size_t events, blocks, frees, unmatched_frees, segment_events;
-  std::uint64_t total_alloc_bytes, peak_live_bytes;
+  std::size_t events, blocks, frees, unmatched_frees, segment_events, seeded_blocks;
+  std::uint64_t seeded_bytes, total_alloc_bytes, peak_live_bytes;
   std::size_t live_blocks_at_end;
   std::uint64_t live_bytes_at_end, peak_segment_bytes, segment_bytes_at_end;
 };
 const Figures kExpected[] = {
-    {"cs336-magma27.pickle", 3441, 1721, 1719, 2, 1, 58890300607, 12877758464, 2, 327680004, 14180941824,
-     14180941824},
-    {"cs336-bcrafton.pickle", 4103, 2162, 1940, 222, 1, 11680970248, 1999716608, 222, 1523681280, 4238344192,
-     4238344192},
+    {"cs336-magma27.pickle", 3672, 1950, 1721, 2, 1, 229, 1373919236, 60264219843, 13923997700, 229, 1373919236,
+     14180941824, 14180941824},
+    {"cs336-bcrafton.pickle", 4772, 2609, 2162, 222, 1, 447, 3064418304, 14745388552, 3849232640, 447, 3064418304,
+     4238344192, 4238344192},
 };
 
 TEST(PytorchSnapshot, RealSnapshotsGiveTheIndependentlyComputedFigures) {
@@ -48,7 +48,10 @@ TEST(PytorchSnapshot, RealSnapshotsGiveTheIndependentlyComputedFigures) {
     EXPECT_EQ(trace->events.size(), expected.events);
     EXPECT_EQ(trace->num_blocks, expected.blocks);
     EXPECT_EQ(trace->unmatched_frees, expected.unmatched_frees);
+    EXPECT_EQ(trace->seeded_blocks, expected.seeded_blocks);
+    EXPECT_EQ(trace->seeded_bytes, expected.seeded_bytes);
     EXPECT_EQ(trace->failed_allocs, 0u);
+    EXPECT_TRUE(trace->warnings.empty());
     EXPECT_TRUE(trace->has_segments);
     auto summary = summarize(*trace);
     ASSERT_TRUE(summary) << summary.error().message();
@@ -133,24 +136,113 @@ TEST(PytorchSnapshot, AllocAndFreeCompletedMakeLifetimes) {
   }});
   auto trace = read_pytorch_snapshot(data, "small");
   ASSERT_TRUE(trace) << trace.error().message();
-  EXPECT_EQ(trace->num_blocks, 3u);
+  // The free without its alloc seeds block 0, allocated before event 0.
+  EXPECT_EQ(trace->num_blocks, 4u);
+  EXPECT_EQ(trace->seeded_blocks, 1u);
+  EXPECT_EQ(trace->seeded_bytes, 50u);
   EXPECT_EQ(trace->unmatched_frees, 1u);
   EXPECT_EQ(trace->failed_allocs, 1u);
   EXPECT_FALSE(trace->has_segments);  // no segments at dump, none in the window
-  ASSERT_EQ(trace->events.size(), 4u);
-  EXPECT_EQ(trace->events[0].op, Op::alloc);
+  ASSERT_EQ(trace->events.size(), 6u);
+  EXPECT_EQ(trace->events[0].op, Op::alloc);  // the seeded block, at the first entry's time
   EXPECT_EQ(trace->events[0].block, 0u);
-  EXPECT_EQ(trace->events[0].stream, Stream{7});
+  EXPECT_EQ(trace->events[0].bytes, 50u);
   EXPECT_EQ(trace->events[0].time_us, 10);
-  EXPECT_EQ(trace->events[2].op, Op::free);
-  EXPECT_EQ(trace->events[2].block, 0u);
-  EXPECT_EQ(trace->events[2].bytes, 100u);
-  EXPECT_EQ(trace->events[2].time_us, 14);  // free_completed, not free_requested
-  EXPECT_EQ(trace->events[3].block, 2u);
-  EXPECT_EQ(trace->events[3].bytes, 300u);
+  EXPECT_EQ(trace->events[1].op, Op::alloc);
+  EXPECT_EQ(trace->events[1].block, 1u);
+  EXPECT_EQ(trace->events[1].stream, Stream{7});
+  EXPECT_EQ(trace->events[1].time_us, 10);
+  EXPECT_EQ(trace->events[3].op, Op::free);  // the seeded block's free
+  EXPECT_EQ(trace->events[3].block, 0u);
+  EXPECT_EQ(trace->events[3].time_us, 13);
+  EXPECT_EQ(trace->events[4].op, Op::free);
+  EXPECT_EQ(trace->events[4].block, 1u);
+  EXPECT_EQ(trace->events[4].bytes, 100u);
+  EXPECT_EQ(trace->events[4].time_us, 14);  // free_completed, not free_requested
+  EXPECT_EQ(trace->events[5].block, 3u);
+  EXPECT_EQ(trace->events[5].bytes, 300u);
+  // The oom is kept with its place (before the last alloc), size and time.
+  ASSERT_EQ(trace->failures.size(), 1u);
+  EXPECT_EQ(trace->failures[0].before_event, 5u);
+  EXPECT_EQ(trace->failures[0].bytes, std::uint64_t{1} << 30);
+  EXPECT_EQ(trace->failures[0].time_us, 15);
   auto summary = summarize(*trace);
   ASSERT_TRUE(summary);
-  EXPECT_EQ(summary->peak_live_bytes, 500u);
+  EXPECT_EQ(summary->peak_live_bytes, 50u + 100u + 200u + 300u - 100u - 50u);
+}
+
+// The weights of a model loaded before recording began: one freed in the
+// window (a free without alloc), two live at dump and never named by an
+// event (active blocks of `segments`). All three are seeded; a block the
+// window allocates and a free block at dump are not.
+TEST(PytorchSnapshot, BlocksLiveBeforeRecordingAreSeeded) {
+  constexpr std::int64_t M = 1 << 20;
+  const std::string data = build::snapshot(
+      {{build::entry("alloc", 0x3000000, 4 * M, 0, 100), build::entry("free_completed", 0x1000000, 2 * M, 0, 101),
+        build::entry("alloc", 0x4000000, 1 * M, 0, 102), build::entry("free_completed", 0x4000000, 1 * M, 0, 103)}},
+      {build::segment(0, 0x2000000, 20 * M,
+                      {build::block(0x2000000, 8 * M, 8 * M - 3, "active_allocated"),
+                       build::block(0x2800000, 6 * M, 6 * M, "inactive"),
+                       build::block(0x2e00000, 6 * M, 5 * M, "active_allocated")}),
+       build::segment(0, 0x3000000, 4 * M, {build::block(0x3000000, 4 * M, 4 * M, "active_allocated")})});
+  auto trace = read_pytorch_snapshot(data, "weights");
+  ASSERT_TRUE(trace) << trace.error().message();
+  EXPECT_EQ(trace->seeded_blocks, 3u);
+  EXPECT_EQ(trace->seeded_bytes, static_cast<std::uint64_t>(2 * M + 8 * M - 3 + 5 * M));
+  EXPECT_EQ(trace->num_blocks, 5u);
+  // A leading segment_alloc (reserved before the window), then the seeded
+  // allocs in their documented order: the free's block, then the dump's.
+  ASSERT_EQ(trace->events.size(), 1u + 3u + 4u);
+  EXPECT_EQ(trace->events[0].op, Op::segment_alloc);
+  EXPECT_EQ(trace->events[1].bytes, static_cast<std::uint64_t>(2 * M));
+  EXPECT_EQ(trace->events[2].bytes, static_cast<std::uint64_t>(8 * M - 3));
+  EXPECT_EQ(trace->events[3].bytes, static_cast<std::uint64_t>(5 * M));
+  for (std::size_t i = 1; i <= 3; ++i) {
+    EXPECT_EQ(trace->events[i].op, Op::alloc);
+    EXPECT_EQ(trace->events[i].block, i - 1);
+    EXPECT_EQ(trace->events[i].time_us, 100);
+  }
+  EXPECT_EQ(trace->events[4].block, 3u);  // the window's first alloc comes after the seeded
+  EXPECT_EQ(trace->events[5].op, Op::free);
+  EXPECT_EQ(trace->events[5].block, 0u);
+  auto summary = summarize(*trace);
+  ASSERT_TRUE(summary) << summary.error().message();
+  EXPECT_EQ(summary->peak_live_bytes, static_cast<std::uint64_t>(2 * M + 8 * M - 3 + 5 * M + 4 * M));
+  EXPECT_EQ(summary->live_blocks_at_end, 3u);
+}
+
+TEST(PytorchSnapshot, EveryDeviceBecomesItsOwnTrace) {
+  const std::string data = build::snapshot({{build::entry("alloc", 0x1000, 100, 0, 1)},
+                                            {},
+                                            {build::entry("alloc", 0x1000, 300, 0, 1),
+                                             build::entry("free_completed", 0x1000, 300, 0, 2)}});
+  auto one = read_pytorch_snapshot(data, "multi.pickle");
+  ASSERT_FALSE(one);
+  EXPECT_THAT(one.error().message(), HasSubstr("device 0 (1 entries), device 2 (2 entries)"));
+  EXPECT_THAT(one.error().message(), HasSubstr("--device"));
+  auto every = read_pytorch_snapshot_devices(data, "multi.pickle");
+  ASSERT_TRUE(every) << every.error().message();
+  ASSERT_EQ(every->size(), 2u);
+  EXPECT_EQ((*every)[0].name, "multi.pickle:dev0");
+  EXPECT_EQ((*every)[0].device, 0);
+  EXPECT_EQ((*every)[0].events.size(), 1u);
+  EXPECT_EQ((*every)[1].name, "multi.pickle:dev2");
+  EXPECT_EQ((*every)[1].device, 2);
+  EXPECT_EQ((*every)[1].events.size(), 2u);
+  auto second = read_pytorch_snapshot(data, "multi.pickle", SnapshotOptions{2});
+  ASSERT_TRUE(second) << second.error().message();
+  EXPECT_EQ(second->name, "multi.pickle");
+  EXPECT_EQ(second->events.size(), 2u);
+}
+
+TEST(PytorchSnapshot, AnEmptyHistoryWarnsWithTheCallThatRecordsOne) {
+  for (const std::string& data : {build::snapshot({{}}), build::snapshot({{build::entry("snapshot", 0, 0, 0, 1)}})}) {
+    auto trace = read_pytorch_snapshot(data, "empty.pickle");
+    ASSERT_TRUE(trace) << trace.error().message();
+    ASSERT_EQ(trace->warnings.size(), 1u);
+    EXPECT_THAT(trace->warnings[0], HasSubstr("empty.pickle: the snapshot's history has no allocation"));
+    EXPECT_THAT(trace->warnings[0], HasSubstr("torch.cuda.memory._record_memory_history(max_entries="));
+  }
 }
 
 TEST(PytorchSnapshot, SegmentEventsAndTheReservedBytesBeforeTheWindow) {

@@ -133,7 +133,10 @@ TEST(Replay, PreallocateRefusesWhatExceedsItsRegion) {
   EXPECT_EQ(result.first_oom->requested_bytes, 512 * MiB);
   EXPECT_EQ(result.first_oom->report.requested_bytes, 512 * MiB);
   EXPECT_FALSE(result.first_oom->message.empty());
-  EXPECT_EQ(result.peak_live_bytes, 513 * MiB);  // the refused block never counts
+  // Peak live is the trace's; what the mode served leaves the refused block out.
+  EXPECT_EQ(result.peak_live_bytes, 1025 * MiB);
+  EXPECT_EQ(result.served_peak_live_bytes, 513 * MiB);
+  EXPECT_DOUBLE_EQ(result.fragmentation, 768.0 / 1025.0);
   EXPECT_EQ(result.peak_reserved_bytes, 768 * MiB);
   EXPECT_EQ(result.stats.bytes_in_use, 0);        // its skipped free changed nothing
 }
@@ -155,7 +158,8 @@ TEST(Replay, PlatformHasNoFractionAndFailsOnlyWhenTheDeviceIsFull) {
   ASSERT_TRUE(result.first_oom.has_value());
   EXPECT_EQ(result.first_oom->event_index, 2u);
   EXPECT_EQ(result.first_oom->requested_bytes, 1 * MiB);
-  EXPECT_EQ(result.peak_live_bytes, 1 * GiB);
+  EXPECT_EQ(result.peak_live_bytes, 1025 * MiB);
+  EXPECT_EQ(result.served_peak_live_bytes, 1 * GiB);
   EXPECT_EQ(result.peak_reserved_bytes, 1 * GiB);
   EXPECT_EQ(result.final_reserved_bytes, 0u);
   EXPECT_EQ(result.device_calls.allocs, 2u);
@@ -200,6 +204,72 @@ TEST(Replay, MinCapacityIsReportedAsARatioToPeakLive) {
   ASSERT_TRUE(result.min_capacity_bytes.has_value());
   EXPECT_EQ(*result.min_capacity_bytes, 134 * MiB);
   EXPECT_DOUBLE_EQ(result.min_capacity_ratio(), 1.34);
+}
+
+TEST(Replay, MinLimitMeasuresThePoolNotTheFraction) {
+  // At fraction 0.75 growth needs a 134 MiB device for a 100 MiB block; the
+  // limit it needs (the search at fraction 1) is the block itself.
+  ReplayOptions options = on_capacity(1 * GiB);
+  options.find_min_capacity = true;
+  for (const Mode mode : {Mode::preallocate, Mode::growth, Mode::platform}) {
+    const ModeReplay result = replay_one(one_block(100 * MiB), mode, options);
+    ASSERT_TRUE(result.min_limit_bytes.has_value()) << mode_name(mode);
+    EXPECT_EQ(*result.min_limit_bytes, 100 * MiB) << mode_name(mode);
+    EXPECT_DOUBLE_EQ(result.min_limit_ratio(), 1.0) << mode_name(mode);
+    EXPECT_GT(result.min_limit_probes, 1u) << mode_name(mode);
+  }
+  ReplayOptions half = options;
+  half.config.mem_fraction.value = 0.5;
+  const ModeReplay growth = replay_one(one_block(100 * MiB), Mode::growth, half);
+  ASSERT_TRUE(growth.min_capacity_bytes.has_value());
+  EXPECT_EQ(*growth.min_capacity_bytes, 200 * MiB);
+  EXPECT_EQ(*growth.min_limit_bytes, 100 * MiB);
+}
+
+TEST(Replay, ACapacityOffTheGranularityIsRoundedUp) {
+  EXPECT_EQ(replay_granularity(), 2 * MiB);
+  const ModeReplay result = replay_one(one_block(1 * MiB), Mode::platform, on_capacity(100 * MiB + 1));
+  EXPECT_EQ(result.capacity_bytes, 102 * MiB);
+  EXPECT_EQ(result.ooms, 0u);
+}
+
+/// Weights live before recording began (seeded, as the readers do), then a
+/// window that allocates and frees activations.
+Trace seeded_trace() {
+  TraceBuilder builder("seeded");
+  builder.segment(Op::segment_alloc, 700 * MiB);  // what PyTorch held at the start
+  const auto weights = builder.alloc(400 * MiB);
+  const auto freed_weight = builder.alloc(100 * MiB);
+  const auto activation = builder.alloc(150 * MiB);
+  builder.free(freed_weight);
+  builder.free(activation);
+  Trace trace = builder.trace();
+  trace.seeded_blocks = 2;
+  trace.seeded_bytes = 500 * MiB;
+  trace.unmatched_frees = 1;
+  (void)weights;
+  return trace;
+}
+
+TEST(Replay, SeededBlocksCountInPeakLiveEveryModeAndTheRecordedRow) {
+  const std::vector<Mode> modes = {Mode::preallocate, Mode::growth, Mode::platform, Mode::expandable};
+  auto replayed = replay(seeded_trace(), modes, on_capacity(2 * GiB));
+  ASSERT_TRUE(replayed) << replayed.error().message();
+  EXPECT_EQ(replayed->seeded_blocks, 2u);
+  EXPECT_EQ(replayed->seeded_bytes, 500 * MiB);
+  EXPECT_EQ(replayed->peak_live_bytes, 650 * MiB);
+  for (const ModeReplay& mode : replayed->modes) {
+    SCOPED_TRACE(mode_name(mode.mode));
+    EXPECT_EQ(mode.ooms, 0u);
+    EXPECT_EQ(mode.peak_live_bytes, 650 * MiB);
+    EXPECT_EQ(mode.served_peak_live_bytes, 650 * MiB);
+    EXPECT_GE(mode.peak_reserved_bytes, 650 * MiB);  // every mode holds the weights
+    EXPECT_GE(mode.stats.bytes_in_use, static_cast<std::int64_t>(400 * MiB));  // still live at the end
+  }
+  ASSERT_TRUE(replayed->recorded.has_value());
+  EXPECT_EQ(replayed->recorded->initial_reserved_bytes, 0u);  // the reader's leading segment_alloc holds it
+  EXPECT_EQ(replayed->recorded->peak_reserved_bytes, 700 * MiB);
+  EXPECT_DOUBLE_EQ(replayed->recorded->fragmentation, 700.0 / 650.0);
 }
 
 TEST(Replay, VerifyContentsWritesAndChecksEveryBlock) {
@@ -357,6 +427,14 @@ TEST(Replay, RealPytorchSnapshotsReplayUnderEveryMode) {
     ASSERT_TRUE(result->recorded.has_value()) << file;
     EXPECT_EQ(result->recorded->label, "PyTorch (recorded)");
     EXPECT_EQ(result->recorded->peak_reserved_bytes, summary->peak_segment_bytes);
+    // The weights live before recording began are seeded: the recorded row's
+    // ratio is over the same peak live as the modes', and honest (near 1x).
+    EXPECT_EQ(result->seeded_blocks, loaded->seeded_blocks);
+    EXPECT_GT(result->seeded_blocks, 200u);
+    EXPECT_EQ(result->peak_live_bytes, summary->peak_live_bytes);
+    EXPECT_DOUBLE_EQ(result->recorded->fragmentation, static_cast<double>(summary->peak_segment_bytes) /
+                                                          static_cast<double>(summary->peak_live_bytes));
+    EXPECT_LT(result->recorded->fragmentation, 1.2);
   }
 }
 

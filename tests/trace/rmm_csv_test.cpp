@@ -26,25 +26,40 @@ TEST(RmmCsv, ReadsTheLoggingAdaptorsLog) {
   auto trace = read_rmm_csv(kLog, "rmm.csv");
   ASSERT_TRUE(trace) << trace.error().message();
   EXPECT_EQ(trace->format, "rmm-csv");
-  EXPECT_EQ(trace->num_blocks, 3u);
+  // The free of a pointer allocated before the log began seeds block 0.
+  EXPECT_EQ(trace->num_blocks, 4u);
+  EXPECT_EQ(trace->seeded_blocks, 1u);
+  EXPECT_EQ(trace->seeded_bytes, 512u);
   EXPECT_EQ(trace->failed_allocs, 1u);
   EXPECT_EQ(trace->unmatched_frees, 1u);
   EXPECT_FALSE(trace->has_segments);
-  ASSERT_EQ(trace->events.size(), 5u);
+  ASSERT_EQ(trace->events.size(), 7u);
   const std::int64_t base = (10 * 3600 + 15 * 60 + 30) * std::int64_t{1'000'000};
-  EXPECT_EQ(trace->events[0].op, Op::alloc);
-  EXPECT_EQ(trace->events[0].bytes, 1024u);
+  EXPECT_EQ(trace->events[0].op, Op::alloc);  // seeded, at the first line's time
+  EXPECT_EQ(trace->events[0].block, 0u);
+  EXPECT_EQ(trace->events[0].bytes, 512u);
   EXPECT_EQ(trace->events[0].time_us, base + 100);
-  EXPECT_EQ(trace->events[1].stream, Stream{0x7f8a38001020});
-  EXPECT_EQ(trace->events[2].op, Op::free);
-  EXPECT_EQ(trace->events[2].block, 0u);
-  EXPECT_EQ(trace->events[2].bytes, 1024u);
-  EXPECT_EQ(trace->events[3].block, 2u);
-  EXPECT_EQ(trace->events[3].time_us, base + 1'500'000);
-  EXPECT_EQ(trace->events[4].block, 1u);
+  EXPECT_EQ(trace->events[1].op, Op::alloc);
+  EXPECT_EQ(trace->events[1].bytes, 1024u);
+  EXPECT_EQ(trace->events[1].time_us, base + 100);
+  EXPECT_EQ(trace->events[2].stream, Stream{0x7f8a38001020});
+  EXPECT_EQ(trace->events[3].op, Op::free);
+  EXPECT_EQ(trace->events[3].block, 1u);
+  EXPECT_EQ(trace->events[3].bytes, 1024u);
+  EXPECT_EQ(trace->events[4].op, Op::free);  // the seeded block's
+  EXPECT_EQ(trace->events[4].block, 0u);
+  EXPECT_EQ(trace->events[4].bytes, 512u);
+  EXPECT_EQ(trace->events[5].block, 3u);
+  EXPECT_EQ(trace->events[5].time_us, base + 1'500'000);
+  EXPECT_EQ(trace->events[6].block, 2u);
+  // The failure keeps its place, request and time.
+  ASSERT_EQ(trace->failures.size(), 1u);
+  EXPECT_EQ(trace->failures[0].before_event, 3u);
+  EXPECT_EQ(trace->failures[0].bytes, 99999999999u);
+  EXPECT_EQ(trace->failures[0].time_us, base + 300);
   auto summary = summarize(*trace);
   ASSERT_TRUE(summary) << summary.error().message();
-  EXPECT_EQ(summary->peak_live_bytes, 2048u + 4096u);
+  EXPECT_EQ(summary->peak_live_bytes, 2048u + 4096u);  // above the start's 512 + 1024 + 2048
   EXPECT_EQ(summary->live_blocks_at_end, 1u);
   EXPECT_EQ(summary->live_bytes_at_end, 4096u);
 }
@@ -71,7 +86,7 @@ TEST(RmmCsv, ReadTraceDetectsItFromAFile) {
   ASSERT_TRUE(trace) << trace.error().message();
   EXPECT_EQ(trace->name, "rmm_csv_test.csv");
   EXPECT_EQ(trace->format, "rmm-csv");
-  EXPECT_EQ(trace->num_blocks, 3u);
+  EXPECT_EQ(trace->num_blocks, 4u);  // one seeded
 }
 
 TEST(RmmCsv, BadLinesNameTheLineAndColumn) {

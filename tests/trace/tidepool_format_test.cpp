@@ -16,6 +16,8 @@ void expect_same(const Trace& a, const Trace& b) {
   EXPECT_EQ(a.name, b.name);
   EXPECT_EQ(a.num_blocks, b.num_blocks);
   EXPECT_EQ(a.unmatched_frees, b.unmatched_frees);
+  EXPECT_EQ(a.seeded_blocks, b.seeded_blocks);
+  EXPECT_EQ(a.seeded_bytes, b.seeded_bytes);
   EXPECT_EQ(a.failed_allocs, b.failed_allocs);
   EXPECT_EQ(a.device_capacity, b.device_capacity);
   EXPECT_EQ(a.device, b.device);
@@ -37,6 +39,8 @@ Trace small_trace() {
   trace.device_capacity = 80ull << 30;
   trace.device = 3;
   trace.unmatched_frees = 4;
+  trace.seeded_blocks = 1;
+  trace.seeded_bytes = 1000;
   trace.failed_allocs = 5;
   trace.has_segments = true;
   trace.num_blocks = 2;
@@ -59,6 +63,8 @@ TEST(TidepoolFormat, WritesAReadableVersionedText) {
             "device 3\n"
             "device_capacity 85899345920\n"
             "unmatched_frees 4\n"
+            "seeded_blocks 1\n"
+            "seeded_bytes 1000\n"
             "failed_allocs 5\n"
             "blocks 2\n"
             "events 5\n"

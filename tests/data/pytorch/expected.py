@@ -10,7 +10,9 @@ The figures follow tidepool's reading of a snapshot (include/tidepool/trace_io.h
   - one device: the only one with trace entries;
   - 'alloc' starts a lifetime of 'size' bytes, 'free_completed' ends it;
     'free_requested' and 'snapshot' change nothing; 'oom' counts as a failed alloc;
-  - a free_completed whose alloc is not in the trace is an unmatched free, skipped;
+  - a free_completed whose alloc is not in the trace is an unmatched free: its block
+    was live at the start and is seeded (an alloc before the first entry), as is every
+    'active_allocated' block of 'segments' whose address no alloc or free names;
   - segment_alloc/segment_map add to the reserved bytes, segment_free/segment_unmap
     take from them; the bytes reserved before the first entry are the bytes of the
     'segments' at dump time minus the net change of the window, and count as one
@@ -29,9 +31,29 @@ def figures(path):
     devices = [d for d, entries in enumerate(traces) if entries]
     assert len(devices) == 1, devices
     device = devices[0]
+    # Seeding: blocks live when recording began.
+    seen = set()
+    seeded = []
+    touched = set()
+    for entry in traces[device]:
+        if entry["action"] == "alloc":
+            seen.add(entry["addr"])
+            touched.add(entry["addr"])
+        elif entry["action"] == "free_completed":
+            if entry["addr"] not in seen:
+                seeded.append(entry["size"])
+            seen.discard(entry["addr"])
+            touched.add(entry["addr"])
+    for segment in snapshot["segments"]:
+        if segment.get("device", device) != device:
+            continue
+        for block in segment.get("blocks", []):
+            if block["state"] == "active_allocated" and block["address"] not in touched:
+                seeded.append(block.get("requested_size", block["size"]))
     live = {}  # addr -> bytes
-    live_bytes = peak_live = 0
-    allocs = frees = unmatched = ooms = segment_events = 0
+    live_bytes = peak_live = sum(seeded)
+    allocs = len(seeded)
+    frees = unmatched = ooms = segment_events = 0
     reserved_delta = 0
     reserved_path = [0]  # reserved bytes after each segment event, relative to the start
     for entry in traces[device]:
@@ -45,9 +67,10 @@ def figures(path):
         elif action == "free_completed":
             if entry["addr"] in live:
                 live_bytes -= live.pop(entry["addr"])
-                frees += 1
             else:
+                live_bytes -= entry["size"]
                 unmatched += 1
+            frees += 1
         elif action in ("segment_alloc", "segment_map"):
             reserved_delta += entry["size"]
             reserved_path.append(reserved_delta)
@@ -75,9 +98,11 @@ def figures(path):
         "unmatched_frees": unmatched,
         "failed_allocs": ooms,
         "segment_events": segment_events,
-        "total_alloc_bytes": sum(e["size"] for e in traces[device] if e["action"] == "alloc"),
+        "seeded_blocks": len(seeded),
+        "seeded_bytes": sum(seeded),
+        "total_alloc_bytes": sum(seeded) + sum(e["size"] for e in traces[device] if e["action"] == "alloc"),
         "peak_live_bytes": peak_live,
-        "live_blocks_at_end": len(live),
+        "live_blocks_at_end": len(live) + len(seeded) - unmatched,
         "live_bytes_at_end": live_bytes,
         "reserved_before_bytes": before,
         "peak_segment_bytes": peak_reserved,
