@@ -37,7 +37,7 @@ std::vector<Case> cases() {
   workload("random-mixed", 100, 0, 0);
   workload("train-step", 2, 0, 2);
   workload("llm-inference", 8, 0, 2);
-  for (const auto& [file, quiet] : {std::pair{"cs336-magma27.pickle", 3}, std::pair{"cs336-bcrafton.pickle", 0}}) {
+  for (const auto& [file, quiet] : {std::pair{"cs336-magma27.pickle", 2}, std::pair{"cs336-bcrafton.pickle", 0}}) {
     auto trace = read_trace(std::string(TIDEPOOL_TEST_DATA) + "/pytorch/" + file);
     if (!trace) throw Exception(trace.error());
     out.push_back({file, std::move(*trace), 0, static_cast<std::size_t>(quiet)});
@@ -49,8 +49,8 @@ std::uint64_t maps_and_unmaps(const PassReplay& pass) { return pass.device_calls
 
 // What holds today (docs/expandable.md, "Once warm"): the traces that
 // repeat their shape make no device call from their second or third pass;
-// the others keep a few steals a pass (a tenth of the first pass's or less,
-// and falling). No OOM, and the footprint stays within 7% of the peak of
+// the others keep a few steals a pass (a fifth of the first pass's or
+// less). No OOM, and the footprint stays within 7% of the peak of
 // live bytes.
 TEST(SteadyState, TheExpandablePoolSettlesOnceWarm) {
   for (Case& c : cases()) {
@@ -66,8 +66,8 @@ TEST(SteadyState, TheExpandablePoolSettlesOnceWarm) {
     EXPECT_LE(result->fragmentation, 1.07);
 
     const std::vector<PassReplay>& passes = result->passes;
-    EXPECT_LE(maps_and_unmaps(passes[1]) * 10, maps_and_unmaps(passes[0]));
-    EXPECT_LE(maps_and_unmaps(passes[2]), maps_and_unmaps(passes[1]));
+    EXPECT_LE(maps_and_unmaps(passes[1]) * 5, maps_and_unmaps(passes[0]));
+    EXPECT_LE(maps_and_unmaps(passes[2]) * 5, maps_and_unmaps(passes[0]));
     for (std::size_t pass = c.quiet_from_pass; c.quiet_from_pass != 0 && pass <= 3; ++pass) {
       const DeviceCalls& quiet = passes[pass - 1].device_calls;
       EXPECT_EQ(quiet.total(), 0u) << "pass " << pass << ": creates " << quiet.creates << ", maps " << quiet.maps
