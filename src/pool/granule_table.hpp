@@ -89,6 +89,12 @@ class GranuleTable {
     mapped_flag_.resize(size, 0);
     queued_.resize(size, 0);
     free_bits_.resize(size);
+    // The counts cover the granules by index: rebuilt for the new size (rare:
+    // once per reservation of address space).
+    mapped_counts_.assign(size + 1, 0);
+    for (std::size_t id = 0; id < size; ++id) {
+      if (mapped_flag_[id] != 0) count_mapped(id, 1);
+    }
     return first;
   }
 
@@ -103,11 +109,11 @@ class GranuleTable {
   /// Mapped granules no live block overlaps.
   std::size_t free_count() const noexcept { return free_count_; }
 
-  /// How many granules of [first, last] have no physical memory mapped.
+  /// How many granules of [first, last] have no physical memory mapped: a
+  /// lookup in the mapped counts, not a walk over a large block's granules.
   std::size_t unmapped_in(GranuleId first, GranuleId last) const noexcept {
-    std::size_t mapped = 0;
-    for (std::size_t id = first; id <= last; ++id) mapped += mapped_flag_[id];
-    return last - first + 1 - mapped;
+    if (first == last) return mapped_flag_[first] ^ 1u;
+    return last - first + 1 - (mapped_before(last + 1) - mapped_before(first));
   }
 
   /// One more live block overlaps every granule of [first, last]. Returns how
@@ -145,6 +151,7 @@ class GranuleTable {
   void set_mapped(GranuleId id, PhysicalHandle handle) noexcept {
     handle_[id] = handle;
     mapped_flag_[id] = 1;
+    count_mapped(id, 1);
     ++mapped_;
   }
 
@@ -207,6 +214,7 @@ class GranuleTable {
   /// A queue entry for it goes stale, to be skipped.
   PhysicalHandle take_free(GranuleId id) noexcept {
     mapped_flag_[id] = 0;
+    count_mapped(id, -1);
     freed_on_[id] = kNoStream;
     free_bits_.clear(id);
     --free_count_;
@@ -215,6 +223,19 @@ class GranuleTable {
   }
 
  private:
+  /// The mapped counts are a Fenwick tree over mapped_flag_: a change and a
+  /// prefix sum each cost log2(granules) steps.
+  void count_mapped(std::size_t id, int change) noexcept {
+    for (std::size_t i = id + 1; i < mapped_counts_.size(); i += i & (~i + 1)) {
+      mapped_counts_[i] += static_cast<std::uint32_t>(change);
+    }
+  }
+  /// Mapped granules with an index below `end`.
+  std::size_t mapped_before(std::size_t end) const noexcept {
+    std::size_t sum = 0;
+    for (std::size_t i = end; i > 0; i &= i - 1) sum += mapped_counts_[i];
+    return sum;
+  }
   /// A free granule's tag once a block freed on `stream` overlapped it too.
   static Stream merged(Stream tag, Stream stream) noexcept {
     return tag == kNoStream || tag == stream ? stream : kManyStreams;
@@ -231,6 +252,7 @@ class GranuleTable {
   std::vector<std::uint8_t> mapped_flag_;   // a handle is mapped there
   std::vector<std::uint8_t> queued_;        // in queue_ (perhaps stale: used again since)
   GranuleBits free_bits_;                   // mapped granules no block uses
+  std::vector<std::uint32_t> mapped_counts_;  // Fenwick tree of mapped_flag_ (count_mapped)
   std::deque<GranuleId> queue_;
   std::size_t mapped_ = 0;
   std::size_t free_count_ = 0;
