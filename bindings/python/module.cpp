@@ -238,7 +238,7 @@ py::dict ledger_snapshot(const std::optional<std::string>& segment) {
   } else {
     // The ledger of the device the environment configures (as `tidepool info`).
     Config config = take(Config::from_env());
-    name = ledger_segment_name(take(make_device(config))->id());
+    name = ledger_segment_name(take(make_device(config))->id(), config.ledger_mode.value);
   }
   LedgerSnapshot snapshot = [&] {
     py::gil_scoped_release unlocked;
