@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,26 +82,45 @@ class PyAllocator {
   static std::unique_ptr<PyAllocator> from_env() { return build(Config::from_env()); }
 
   std::uintptr_t allocate(std::size_t bytes, Stream stream) {
-    return reinterpret_cast<std::uintptr_t>(take(pool().allocate(bytes, stream)));
+    return reinterpret_cast<std::uintptr_t>(take(open().pool.allocate(bytes, stream)));
   }
   void free(std::uintptr_t address, Stream stream) {
-    check(pool().deallocate(reinterpret_cast<void*>(address), stream));
+    check(open().pool.deallocate(reinterpret_cast<void*>(address), stream));
   }
-  py::dict memory_stats() const { return stats_dict(pool().stats()); }
-  std::size_t trim() { return pool().trim(); }
-  std::string dump() const { return pool().dump(); }
-  std::string name() const { return std::string(pool().name()); }
-  std::string device() const { return pool().device().description(); }
-  void close() { stack_ = {}; }
+  py::dict memory_stats() const { return stats_dict(open().pool.stats()); }
+  std::size_t trim() { return open().pool.trim(); }
+  std::string dump() const { return open().pool.dump(); }
+  std::string name() const { return std::string(open().pool.name()); }
+  std::string device() const { return open().pool.device().description(); }
+  /// Waits for the calls in flight (other threads, the GIL released), then
+  /// destroys the stack; later calls raise.
+  void close() {
+    bindings::Stack closed;
+    {
+      std::unique_lock whole(stack_mutex_);
+      closed = std::move(stack_);
+      stack_ = {};
+    }
+  }
 
  private:
   static std::unique_ptr<PyAllocator> build(Expected<Config> config) {
     return std::make_unique<PyAllocator>(take(bindings::make_stack(take(std::move(config)))));
   }
-  Allocator& pool() const {
+  /// The pool, held open for one call: the hold lasts to the end of the
+  /// caller's full expression, so close() cannot destroy the stack under it.
+  struct Open {
+    std::shared_lock<std::shared_mutex> hold;
+    Allocator& pool;
+  };
+  Open open() const {
+    std::shared_lock hold(stack_mutex_);
     if (!stack_.allocator) raise(Error(Errc::invalid_argument, "the allocator is closed"));
-    return *stack_.allocator;
+    return Open{std::move(hold), *stack_.allocator};
   }
+  // Every call shares it; close() takes it whole (issue 14: close() racing
+  // calls that released the GIL destroyed the stack under them).
+  mutable std::shared_mutex stack_mutex_;
   bindings::Stack stack_;
 };
 
@@ -357,7 +377,9 @@ defaults; the environment is not read (Allocator.from_env() reads it).)doc")
       .def("trim", &PyAllocator::trim, py::call_guard<py::gil_scoped_release>(),
            "Returns cached free memory to the device; returns the bytes released.")
       .def("dump", &PyAllocator::dump, "The memory map as text.")
-      .def("close", &PyAllocator::close, "Gives all memory back; later calls raise.")
+      .def("close", &PyAllocator::close, py::call_guard<py::gil_scoped_release>(),
+           "Gives all memory back once the calls in flight in other threads have returned; "
+           "later calls raise tidepool.InvalidArgumentError ('the allocator is closed').")
       .def_property_readonly("name", &PyAllocator::name, "The pool's name.")
       .def_property_readonly("device", &PyAllocator::device, "The device's description.");
 
