@@ -3,6 +3,8 @@
 // `device_traces`, one list of trace entries per device, each a dict with
 // `action`, `addr`, `size`, `stream`, `frames` and, in newer versions, `time_us`.
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -131,6 +133,7 @@ class SnapshotReader {
 
     Expected<std::int64_t> addr = field(entry, "addr", where, true);
     if (!addr) return std::move(addr).error();
+    if (*addr < 0) return fail(where + "['addr'] is negative: " + std::to_string(*addr));
     Expected<std::int64_t> size = field(entry, "size", where, true);
     if (!size) return std::move(size).error();
     if (*size < 0) return fail(where + "['size'] is negative: " + std::to_string(*size));
@@ -146,11 +149,8 @@ class SnapshotReader {
     const auto address = static_cast<std::uint64_t>(*addr);
 
     if (is_alloc) {
-      auto [it, inserted] = live_.try_emplace(address, Live{trace.num_blocks, event.bytes, index});
-      if (!inserted) {
-        return fail(where + ": alloc at address " + std::to_string(address) + " that is live since " +
-                    path_ + "[" + std::to_string(it->second.entry) + "]");
-      }
+      if (Status apart = check_apart(address, event.bytes, where); !apart) return apart;
+      live_.emplace(address, Live{trace.num_blocks, event.bytes, index});
       event.op = Op::alloc;
       event.block = trace.num_blocks++;
     } else if (is_free) {
@@ -165,7 +165,11 @@ class SnapshotReader {
       live_.erase(it);
     } else {
       event.op = is_segment_alloc ? Op::segment_alloc : Op::segment_free;
-      net_segment_bytes_ += is_segment_alloc ? *size : -*size;
+      // Checked: a crafted snapshot must not wrap the sum (signed overflow).
+      if (__builtin_add_overflow(net_segment_bytes_, is_segment_alloc ? *size : -*size, &net_segment_bytes_)) {
+        return fail(where + ": the segments' net size overflows 64 bits after adding " + std::to_string(*size) +
+                    " bytes");
+      }
       lowest_net_segment_bytes_ = std::min(lowest_net_segment_bytes_, net_segment_bytes_);
       trace.has_segments = true;
     }
@@ -193,11 +197,19 @@ class SnapshotReader {
       Expected<std::int64_t> total = field(segment, "total_size", where, true);
       if (!total) return std::move(total).error();
       if (*total < 0) return fail(where + "['total_size'] is negative");
-      reserved_at_dump += *total;
+      if (__builtin_add_overflow(reserved_at_dump, *total, &reserved_at_dump)) {
+        return fail(where + ": the segments' total size overflows 64 bits after adding " +
+                    std::to_string(*total) + " bytes");
+      }
     }
     // The window's own events prove at least -lowest was held before it, even
     // when the dump's segment list is inconsistent with them.
-    const std::int64_t before = std::max(reserved_at_dump - net_segment_bytes_, -lowest_net_segment_bytes_);
+    if (lowest_net_segment_bytes_ == INT64_MIN) return fail("the window's segment frees sum to -2^63 bytes");
+    std::int64_t dump_minus_window = 0;
+    if (__builtin_sub_overflow(reserved_at_dump, net_segment_bytes_, &dump_minus_window)) {
+      return fail("segments: the bytes reserved at the dump minus the window's segment events overflow 64 bits");
+    }
+    const std::int64_t before = std::max(dump_minus_window, -lowest_net_segment_bytes_);
     if (before <= 0) return {};
     Event event;
     event.op = Op::segment_alloc;
@@ -214,10 +226,35 @@ class SnapshotReader {
     std::size_t entry;
   };
 
+  // Two live blocks never share an address: a block [address, address +
+  // bytes) must end before the next live one starts and start after the
+  // previous one ends (a trace that says otherwise is corrupt, not replayable).
+  Status check_apart(std::uint64_t address, std::uint64_t bytes, const std::string& where) const {
+    std::uint64_t end = 0;
+    if (__builtin_add_overflow(address, bytes, &end)) {
+      return fail(where + ": a block of " + std::to_string(bytes) + " bytes at address " + std::to_string(address) +
+                  " ends past 2^64");
+    }
+    auto overlap = [&](std::uint64_t other, const Live& live) {
+      return fail(where + ": alloc of " + std::to_string(bytes) + " bytes at address " + std::to_string(address) +
+                  (other == address ? std::string(" that is live since ")
+                                    : " overlaps the live block of " + std::to_string(live.bytes) +
+                                          " bytes at address " + std::to_string(other) + " allocated at ") +
+                  path_ + "[" + std::to_string(live.entry) + "]");
+    };
+    auto next = live_.lower_bound(address);
+    if (next != live_.end() && (next->first == address || next->first < end)) return overlap(next->first, next->second);
+    if (next != live_.begin()) {
+      auto previous = std::prev(next);
+      if (previous->first + previous->second.bytes > address) return overlap(previous->first, previous->second);
+    }
+    return {};
+  }
+
   const Document& doc_;
   std::string name_;
   std::string path_;
-  std::unordered_map<std::uint64_t, Live> live_;
+  std::map<std::uint64_t, Live> live_;  // by address, ordered: check_apart looks at the neighbours
   std::int64_t net_segment_bytes_ = 0;
   std::int64_t lowest_net_segment_bytes_ = 0;  // the running sum's minimum
 };
