@@ -187,7 +187,7 @@ TEST(LedgerCommandMissing, AMissingLedgerIsAClearError) {
   // A device id is turned into its segment's name.
   Result by_id = run_cli({"ledger", "--device", "host:missing-" + std::to_string(getpid())});
   EXPECT_EQ(by_id.exit_status, 1);
-  EXPECT_TRUE(contains(by_id.err, "/tidepool-host_missing-" + std::to_string(getpid()))) << by_id.err;
+  EXPECT_TRUE(contains(by_id.err, "/tidepool-u" + std::to_string(geteuid()) + "-host_missing-" + std::to_string(getpid()))) << by_id.err;
 }
 
 #else
