@@ -3,12 +3,12 @@
 // `device_traces`, one list of trace entries per device, each a dict with
 // `action`, `addr`, `size`, `stream`, `frames` and, in newer versions, `time_us`.
 #include <algorithm>
-#include <iterator>
 #include <map>
 #include <string>
 #include <unordered_map>
 
 #include "tidepool/trace_io.hpp"
+#include "trace/live_ranges.hpp"
 #include "trace/pickle_reader.hpp"
 
 namespace tidepool::trace {
@@ -226,29 +226,19 @@ class SnapshotReader {
     std::size_t entry;
   };
 
-  // Two live blocks never share an address: a block [address, address +
-  // bytes) must end before the next live one starts and start after the
-  // previous one ends (a trace that says otherwise is corrupt, not replayable).
+  // The address rule (live_ranges.hpp), and no block past 2^64.
   Status check_apart(std::uint64_t address, std::uint64_t bytes, const std::string& where) const {
-    std::uint64_t end = 0;
-    if (__builtin_add_overflow(address, bytes, &end)) {
+    if (bytes > ~address) {
       return fail(where + ": a block of " + std::to_string(bytes) + " bytes at address " + std::to_string(address) +
                   " ends past 2^64");
     }
-    auto overlap = [&](std::uint64_t other, const Live& live) {
-      return fail(where + ": alloc of " + std::to_string(bytes) + " bytes at address " + std::to_string(address) +
-                  (other == address ? std::string(" that is live since ")
-                                    : " overlaps the live block of " + std::to_string(live.bytes) +
-                                          " bytes at address " + std::to_string(other) + " allocated at ") +
-                  path_ + "[" + std::to_string(live.entry) + "]");
-    };
-    auto next = live_.lower_bound(address);
-    if (next != live_.end() && (next->first == address || next->first < end)) return overlap(next->first, next->second);
-    if (next != live_.begin()) {
-      auto previous = std::prev(next);
-      if (previous->first + previous->second.bytes > address) return overlap(previous->first, previous->second);
-    }
-    return {};
+    auto other = overlapping(live_, address, bytes);
+    if (other == live_.end()) return {};
+    return fail(where + ": alloc of " + std::to_string(bytes) + " bytes at address " + std::to_string(address) +
+                (other->first == address ? std::string(" that is live since ")
+                                         : " overlaps the live block of " + std::to_string(other->second.bytes) +
+                                               " bytes at address " + std::to_string(other->first) + " allocated at ") +
+                path_ + "[" + std::to_string(other->second.entry) + "]");
   }
 
   const Document& doc_;
