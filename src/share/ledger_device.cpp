@@ -199,7 +199,8 @@ struct LedgerDevice::State {
   }
 
   void refresh_cached_free_locked_hooks() {
-    if (hooks.cached_free_bytes && may_touch()) me().cached_free_bytes.store(hooks.cached_free_bytes(), std::memory_order_relaxed);
+    if (hooks.cached_free_bytes && may_touch())
+      me().cached_free_bytes.store(hooks.cached_free_bytes(), std::memory_order_relaxed);
   }
 
   void background() {
@@ -254,7 +255,8 @@ Expected<std::shared_ptr<LedgerDevice>> LedgerDevice::create(std::shared_ptr<Dev
   if (!upstream) return Error(Errc::invalid_argument, "LedgerDevice::create: upstream device is null");
   const std::string device_id = upstream->id();
   LedgerSegmentOptions segment_options;
-  segment_options.name = options.segment_name.empty() ? ledger_segment_name(device_id, options.mode) : options.segment_name;
+  segment_options.name =
+      options.segment_name.empty() ? ledger_segment_name(device_id, options.mode) : options.segment_name;
   segment_options.device_id = device_id;
   segment_options.device_total_bytes = upstream->mem_info().total_bytes;
   segment_options.shared_limit_bytes = options.shared_limit_bytes;

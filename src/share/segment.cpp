@@ -107,7 +107,8 @@ Status check_owner(const struct stat& status, const std::string& name, unsigned 
   if (status.st_uid != geteuid() && !group_ok) {
     std::string why = "ledger segment " + name + " belongs to " + owner + ", not to this process's " +
                       user_text(geteuid());
-    if (mode == 0660 && wanted_mode == 0600) why += " (it is a group ledger, 0660; set TIDEPOOL_LEDGER_MODE=group to share it)";
+    if (mode == 0660 && wanted_mode == 0600)
+      why += " (it is a group ledger, 0660; set TIDEPOOL_LEDGER_MODE=group to share it)";
     return Error(Errc::corrupt_data, why + squatted);
   }
   if (mode == 0660 && wanted_mode == 0600) {

@@ -147,7 +147,8 @@ Expected<Trace> read_rmm_csv(std::string_view data, std::string name) {
     }
     if (is_alloc) {
       column = columns[3];
-      if (*size > ~*pointer) return fail("allocate of " + std::to_string(*size) + " bytes at " + std::string{fields[3]} + " ends past 2^64");
+      if (*size > ~*pointer)
+        return fail("allocate of " + std::to_string(*size) + " bytes at " + std::string{fields[3]} + " ends past 2^64");
       if (auto it = overlapping(live, *pointer, *size); it != live.end()) {
         if (it->first == *pointer)
           return fail("allocate returns " + std::string{fields[3]} + ", which is live since line " +
