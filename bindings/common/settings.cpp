@@ -5,6 +5,8 @@
 #include <memory>
 #include <optional>
 
+#include "tidepool/units.hpp"
+
 namespace tidepool::bindings {
 namespace {
 
@@ -63,14 +65,14 @@ Expected<Settings> parse_config_string(std::string_view text) {
     const std::string_view entry = rest.substr(0, comma);
     const std::size_t equals = entry.find('=');
     auto bad = [&](const std::string& why) {
-      return Error(Errc::invalid_argument, "config string '" + std::string(text) + "': entry '" +
-                                               std::string(entry) + "' " + why);
+      return Error(Errc::invalid_argument, "config string '" + format_excerpt(text) + "': entry '" +
+                                               format_excerpt(entry) + "' " + why);
     };
     if (equals == std::string_view::npos) return bad("has no '=' (write key=value)");
     const std::string_view key = trim(entry.substr(0, equals));
     const std::string_view value = trim(entry.substr(equals + 1));
     if (key.empty()) return bad("has no key; keys: " + key_list());
-    if (!variable_of(key)) return bad("has an unknown key '" + std::string(key) + "'; keys: " + key_list());
+    if (!variable_of(key)) return bad("has an unknown key '" + format_excerpt(key) + "'; keys: " + key_list());
     for (const auto& [seen, unused] : settings)
       if (seen == key) return bad("sets '" + std::string(key) + "' a second time");
     settings.emplace_back(std::string(key), std::string(value));

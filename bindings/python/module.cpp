@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -193,49 +194,71 @@ class PyAllocator {
   static std::unique_ptr<PyAllocator> from_env() { return build(Config::from_env()); }
 
   std::uintptr_t allocate(std::size_t bytes, Stream stream) {
-    return reinterpret_cast<std::uintptr_t>(take(pool().allocate(bytes, stream)));
+    return reinterpret_cast<std::uintptr_t>(take(open().pool.allocate(bytes, stream)));
   }
   void free(std::uintptr_t address, Stream stream) {
-    check(pool().deallocate(reinterpret_cast<void*>(address), stream));
+    check(open().pool.deallocate(reinterpret_cast<void*>(address), stream));
+  }
+  std::size_t trim() { return open().pool.trim(); }
+  std::string dump() const { return open().pool.dump(); }
+  std::string name() const { return std::string(open().pool.name()); }
+  std::string device() const { return open().pool.device().description(); }
+  /// Waits for the calls in flight (other threads, the GIL released), then
+  /// destroys the stack; later calls raise.
+  void close() {
+    bindings::Stack closed;
+    {
+      std::unique_lock whole(stack_mutex_);
+      closed = std::move(stack_);
+      stack_ = {};
+    }
   }
   py::dict memory_stats() const {
     Stats stats;
     {
       py::gil_scoped_release unlocked;  // the pool's lock
-      stats = peaks_.apply(pool().stats());
+      stats = peaks_.apply(open().pool.stats());
     }
     return stats_dict(stats);
   }
   std::string memory_summary() const {
-    return memory_summary_text(pool().name(), device(), peaks_.apply(pool().stats()));
+    const Open held = open();
+    return memory_summary_text(held.pool.name(), held.pool.device().description(), peaks_.apply(held.pool.stats()));
   }
   /// After allocate(): feeds the peak window once a reset has opened one.
   void observe_peaks() {
-    if (peaks_.active()) peaks_.observe(pool().stats());
+    if (peaks_.active()) peaks_.observe(open().pool.stats());
   }
-  void reset_peak_memory_stats() { peaks_.reset(pool().stats()); }
+  void reset_peak_memory_stats() { peaks_.reset(open().pool.stats()); }
   /// "tidepool.Allocator(mode='growth', device='host (1.00 GiB)', bytes_in_use=0, bytes_reserved=0)".
   std::string repr() const {
+    std::shared_lock hold(stack_mutex_);
     if (!stack_.allocator) return "tidepool.Allocator(closed)";
-    const Stats stats = pool().stats();
-    return "tidepool.Allocator(mode='" + name() + "', device='" + device() +
+    const Allocator& pool = *stack_.allocator;
+    const Stats stats = pool.stats();
+    return "tidepool.Allocator(mode='" + std::string(pool.name()) + "', device='" + pool.device().description() +
            "', bytes_in_use=" + std::to_string(stats.bytes_in_use) +
            ", bytes_reserved=" + std::to_string(stats.bytes_reserved) + ")";
   }
-  std::size_t trim() { return pool().trim(); }
-  std::string dump() const { return pool().dump(); }
-  std::string name() const { return std::string(pool().name()); }
-  std::string device() const { return pool().device().description(); }
-  void close() { stack_ = {}; }
 
  private:
   static std::unique_ptr<PyAllocator> build(Expected<Config> config) {
     return std::make_unique<PyAllocator>(take(bindings::make_stack(take(std::move(config)))));
   }
-  Allocator& pool() const {
+  /// The pool, held open for one call: the hold lasts to the end of the
+  /// caller's full expression, so close() cannot destroy the stack under it.
+  struct Open {
+    std::shared_lock<std::shared_mutex> hold;
+    Allocator& pool;
+  };
+  Open open() const {
+    std::shared_lock hold(stack_mutex_);
     if (!stack_.allocator) raise(Error(Errc::invalid_argument, "the allocator is closed"));
-    return *stack_.allocator;
+    return Open{std::move(hold), *stack_.allocator};
   }
+  // Every call shares it; close() takes it whole (issue 14: close() racing
+  // calls that released the GIL destroyed the stack under them).
+  mutable std::shared_mutex stack_mutex_;
   bindings::Stack stack_;
   PeakWindow peaks_;
 };
@@ -387,6 +410,14 @@ py::list replay(const std::string& source, const std::optional<std::vector<std::
 }
 
 py::dict ledger_snapshot(const std::optional<std::string>& segment) {
+  std::string name;
+  if (segment) {
+    name = *segment;
+  } else {
+    // The ledger of the device the environment configures (as `tidepool info`).
+    Config config = take(Config::from_env());
+    name = ledger_segment_name(take(make_device(config))->id(), config.ledger_mode.value);
+  }
   LedgerSnapshot snapshot = [&] {
     py::gil_scoped_release unlocked;
     std::string name;
@@ -532,7 +563,8 @@ defaults; the environment is not read (Allocator.from_env() reads it).)doc")
            "Returns cached free memory to the device; returns the bytes released.")
       .def("dump", &PyAllocator::dump, py::call_guard<py::gil_scoped_release>(), "The memory map as text.")
       .def("close", &PyAllocator::close, py::call_guard<py::gil_scoped_release>(),
-           "Gives all memory back; later calls raise.")
+           "Gives all memory back once the calls in flight in other threads have returned; "
+           "later calls raise tidepool.InvalidArgumentError ('the allocator is closed').")
       .def("__enter__", [](py::object self) { return self; })
       .def(
           "__exit__",

@@ -29,11 +29,13 @@
 
 namespace tidepool {
 
-/// The segment name of a device's ledger: "/tidepool-" and the device id with
-/// every character other than a letter, digit, '.', '_' or '-' replaced by
-/// '_' ("host:gpu0" -> "/tidepool-host_gpu0"); ids too long for a name are
-/// shortened and suffixed with a hash of the whole id.
-std::string ledger_segment_name(std::string_view device_id);
+/// The segment name of a device's ledger for this user (`mode` 0600) or this
+/// group (0660): "/tidepool-u<euid>-" (or "/tidepool-g<egid>-") and the device
+/// id with every character other than a letter, digit, '.', '_' or '-'
+/// replaced by '_' ("host:gpu0" as uid 1000 -> "/tidepool-u1000-host_gpu0");
+/// ids too long for a name are shortened and suffixed with a hash of the
+/// whole id.
+std::string ledger_segment_name(std::string_view device_id, unsigned mode = 0600);
 
 /// One process's entry, as read from the segment.
 struct LedgerEntryInfo {

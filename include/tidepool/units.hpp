@@ -42,4 +42,9 @@ std::string format_address(const void* address);
 /// so that both name the same ledger for a GPU.
 std::string format_gpu_uuid(const char (&bytes)[16]);
 
+/// A value as error messages quote it: whole when at most `max_chars`
+/// characters, else its first `max_chars` and "... (N bytes in all)", so a
+/// megabyte of bad input never becomes a megabyte of message.
+std::string format_excerpt(std::string_view text, std::size_t max_chars = 80);
+
 }  // namespace tidepool

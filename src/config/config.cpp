@@ -63,7 +63,7 @@ std::string_view trim(std::string_view text) {
 
 Error invalid(std::string_view variable, std::string_view value, std::string_view why,
               std::string_view allowed) {
-  return Error(Errc::invalid_argument, std::string(variable) + "='" + std::string(value) +
+  return Error(Errc::invalid_argument, std::string(variable) + "='" + format_excerpt(value) +
                                            "' is invalid: " + std::string(why) +
                                            "; allowed: " + std::string(allowed));
 }
@@ -148,7 +148,7 @@ Expected<std::chrono::milliseconds> parse_duration(std::string_view variable, st
 Expected<std::size_t> parse_size(std::string_view variable, std::string_view text) {
   auto bytes = parse_bytes(text);
   if (!bytes)
-    return Error(Errc::invalid_argument, std::string(variable) + "='" + std::string(text) +
+    return Error(Errc::invalid_argument, std::string(variable) + "='" + format_excerpt(text) +
                                              "' is invalid: " + bytes.error().message());
   return *bytes;
 }

@@ -11,7 +11,7 @@ namespace {
 
 Error bad_size(std::string_view text, std::string_view why) {
   return Error(Errc::invalid_argument,
-               "invalid byte size '" + std::string(text) + "': " + std::string(why) +
+               "invalid byte size '" + format_excerpt(text) + "': " + std::string(why) +
                    " (expected a non-negative number with an optional unit B, KiB, MiB, GiB "
                    "or TiB, e.g. 80GiB)");
 }
@@ -26,6 +26,11 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 }  // namespace
+
+std::string format_excerpt(std::string_view text, std::size_t max_chars) {
+  if (text.size() <= max_chars) return std::string(text);
+  return std::string(text.substr(0, max_chars)) + "... (" + std::to_string(text.size()) + " bytes in all)";
+}
 
 Expected<std::size_t> parse_bytes(std::string_view text) {
   std::string_view s = text;

@@ -300,10 +300,13 @@ Error BestFitArena::bad_free(void* ptr) const {
                                             std::to_string(address - chunk.address) +
                                             " bytes into the live block at " + format_address(chunk.address));
   }
-  if (!is_aligned(address, kChunkGranule)) {
-    return Error(Errc::invalid_pointer, "free of " + format_address(address) +
-                                            ": not a pointer this pool handed out (unaligned, in free " +
-                                            where + ")");
+  // Only a free chunk's start can be a block freed before; a pointer inside
+  // one was never a block start of this pool (unless a freed block merged
+  // into its neighbour: said, since it may then be a second free).
+  if (address != chunk.address) {
+    return Error(Errc::invalid_pointer, "free of " + format_address(address) + ": not a block of this pool; it lies " +
+                                            std::to_string(address - chunk.address) + " bytes into free " + where +
+                                            " (if a block started there it was freed already and merged)");
   }
   return Error(Errc::double_free, "free of " + format_address(address) + ": the memory is free already (in free " +
                                       where + "); was it freed twice?");

@@ -75,7 +75,8 @@ class BestFitArena {
   /// ptr was returned by allocate() and not freed since; `stream` is the
   /// stream whose queued work may still use it. Returns the chunk's size.
   /// Errors (the arena unchanged): invalid_pointer for a pointer it never
-  /// handed out, double_free for one that lies in free memory.
+  /// handed out or one inside a block or a free chunk, double_free for the
+  /// start of a free chunk (a block freed already).
   Expected<std::size_t> free(void* ptr, Stream stream);
 
   /// Whether ptr is a block handed out and not freed yet.

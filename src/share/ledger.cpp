@@ -2,6 +2,7 @@
 #include "tidepool/ledger.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -11,8 +12,11 @@
 
 namespace tidepool {
 
-std::string ledger_segment_name(std::string_view device_id) {
-  std::string name = "/tidepool-";
+std::string ledger_segment_name(std::string_view device_id, unsigned mode) {
+  // Per user (or group): another user squatting this user's name blocks only
+  // the name (open_segment refuses a segment it does not own), never another user.
+  std::string name = mode == 0660 ? "/tidepool-g" + std::to_string(getegid()) + "-"
+                                  : "/tidepool-u" + std::to_string(geteuid()) + "-";
   for (char c : device_id) {
     const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                        c == '.' || c == '_' || c == '-';

@@ -26,11 +26,16 @@ struct LedgerDevice::State {
   std::unique_ptr<Ledger> ledger;
   Ledger::Segment* segment = nullptr;
   std::uint32_t slot = 0;
+  int registered_pid = 0;  // the process the slot is registered to
   LedgerOptions options;
 
   std::mutex hooks_mutex;  // held while a hook runs, so clear_trim_hooks waits for it
   TrimHooks hooks;
   std::atomic<std::uint64_t> answered_generation{0};
+  // The segment's trim_generation as the background thread last read it:
+  // what the allocate path's trim_requested() compares, so that path never
+  // touches the mapping (a segment truncated under us cannot fault there).
+  std::atomic<std::uint64_t> seen_generation{0};
 
   std::mutex thread_mutex;
   std::condition_variable thread_wake;
@@ -40,8 +45,24 @@ struct LedgerDevice::State {
   Entry& me() const { return segment->entries[slot]; }
   std::string who() const { return "ledger " + segment->name; }
 
+  // A child forked after registration inherits this object but not the
+  // slot: the entry is its parent's (or, once the parent exits, a third
+  // process's), so a child must never write it.
+  bool forked() const noexcept { return share::current_pid() != registered_pid; }
+  Status check_not_forked() const {
+    if (!forked()) return {};
+    return Error(Errc::unsupported,
+                 who() + ": this allocator was made by pid " + std::to_string(registered_pid) +
+                     " and this process (pid " + std::to_string(share::current_pid()) +
+                     ") is a child forked from it; a forked child may not use an allocator made before the "
+                     "fork (its ledger entry is the parent's): make a new one in the child");
+  }
+  // Whether the entry may be written now: ours, and the segment whole.
+  bool may_touch() const { return !forked() && segment->check_intact(); }
+
   // Bytes this process could still reserve, from lock-free reads: an estimate.
   std::size_t room() const {
+    if (!segment->check_intact()) return 0;
     const std::size_t limit = segment->limit_bytes();
     const std::size_t reserved = me().reserved_bytes.load(std::memory_order_relaxed);
     const std::size_t quota = me().quota_bytes.load(std::memory_order_relaxed);
@@ -87,6 +108,7 @@ struct LedgerDevice::State {
   // One locked try: reserve `bytes` if they fit (clearing dead entries first
   // when they do not). Returns what was missing.
   Expected<Ledger::Segment::Shortfall> try_reserve(std::size_t bytes) {
+    if (Status ours = check_not_forked(); !ours) return std::move(ours).error();
     auto lock = segment->lock_unchecked();  // reserve_locked checks the entries
     if (!lock) return std::move(lock).error();
     auto shortfall = segment->reserve_locked(slot, bytes);
@@ -165,8 +187,10 @@ struct LedgerDevice::State {
     return {};
   }
 
-  // Lock-free: only lowers the sum, which no check can be hurt by.
+  // Lock-free: only lowers the sum, which no check can be hurt by. Not in a
+  // forked child (the entry is not its own) nor on a shrunk segment.
   void unreserve(std::size_t bytes) {
+    if (!may_touch()) return;
     std::atomic<std::uint64_t>& reserved = me().reserved_bytes;
     std::uint64_t current = reserved.load(std::memory_order_relaxed);
     while (!reserved.compare_exchange_weak(current, current - std::min<std::uint64_t>(current, bytes),
@@ -175,7 +199,8 @@ struct LedgerDevice::State {
   }
 
   void refresh_cached_free_locked_hooks() {
-    if (hooks.cached_free_bytes) me().cached_free_bytes.store(hooks.cached_free_bytes(), std::memory_order_relaxed);
+    if (hooks.cached_free_bytes && may_touch())
+      me().cached_free_bytes.store(hooks.cached_free_bytes(), std::memory_order_relaxed);
   }
 
   void background() {
@@ -194,16 +219,19 @@ struct LedgerDevice::State {
   }
 
   bool requested() const noexcept {
-    return segment->header->trim_generation.load(std::memory_order_relaxed) !=
-           answered_generation.load(std::memory_order_relaxed);
+    return seen_generation.load(std::memory_order_relaxed) != answered_generation.load(std::memory_order_relaxed);
   }
 
   std::size_t answer() {
+    if (!may_touch()) return 0;
+    seen_generation.store(segment->header->trim_generation.load(std::memory_order_relaxed),
+                          std::memory_order_relaxed);
     if (!requested()) return 0;
     std::lock_guard hooks_lock(hooks_mutex);
     const std::uint64_t generation = segment->header->trim_generation.load(std::memory_order_acquire);
     if (generation == answered_generation.load(std::memory_order_relaxed)) return 0;
     answered_generation.store(generation, std::memory_order_relaxed);
+    seen_generation.store(generation, std::memory_order_relaxed);
     if (!hooks.trim || me().quota_bytes.load(std::memory_order_relaxed) != 0) return 0;
     bool others_want = false;
     for (std::uint32_t i = 0; i < kEntryCount; ++i) {
@@ -227,7 +255,8 @@ Expected<std::shared_ptr<LedgerDevice>> LedgerDevice::create(std::shared_ptr<Dev
   if (!upstream) return Error(Errc::invalid_argument, "LedgerDevice::create: upstream device is null");
   const std::string device_id = upstream->id();
   LedgerSegmentOptions segment_options;
-  segment_options.name = options.segment_name.empty() ? ledger_segment_name(device_id) : options.segment_name;
+  segment_options.name =
+      options.segment_name.empty() ? ledger_segment_name(device_id, options.mode) : options.segment_name;
   segment_options.device_id = device_id;
   segment_options.device_total_bytes = upstream->mem_info().total_bytes;
   segment_options.shared_limit_bytes = options.shared_limit_bytes;
@@ -287,8 +316,10 @@ Expected<std::shared_ptr<LedgerDevice>> LedgerDevice::create(std::shared_ptr<Dev
     std::memcpy(entry.command, self.command.data(), std::min(self.command.size(), sizeof entry.command - 1));
     entry.state.store(kEntryActive, std::memory_order_release);  // last: the entry is whole
     state->slot = slot;
+    state->registered_pid = share::current_pid();
   }
   state->answered_generation.store(segment.header->trim_generation.load(std::memory_order_relaxed));
+  state->seen_generation.store(state->answered_generation.load());
   return std::shared_ptr<LedgerDevice>(new LedgerDevice(std::move(upstream), std::move(state)));
 }
 
@@ -296,6 +327,11 @@ LedgerDevice::LedgerDevice(std::shared_ptr<Device> upstream, std::unique_ptr<Sta
     : DeviceAdaptor(std::move(upstream)), state_(std::move(state)) {}
 
 LedgerDevice::~LedgerDevice() {
+  if (state_->forked()) {
+    // The thread is the parent's (a child has none) and so is the entry: leave both.
+    if (state_->thread.joinable()) state_->thread.detach();
+    return;
+  }
   {
     std::lock_guard lock(state_->thread_mutex);
     state_->stopping = true;
@@ -304,6 +340,7 @@ LedgerDevice::~LedgerDevice() {
   if (state_->thread.joinable()) state_->thread.join();
   // One store frees the entry; under the lock when it can be had, so that no
   // scan sees it half-way, and without it rather than leak the entry.
+  if (!state_->segment->check_intact()) return;
   auto lock = state_->segment->lock();
   state_->me().state.store(kEntryFree, std::memory_order_release);
 }
@@ -354,7 +391,8 @@ void LedgerDevice::set_trim_hooks(TrimHooks hooks) {
   {
     std::lock_guard lock(state_->hooks_mutex);
     state_->hooks = std::move(hooks);
-    state_->me().answers_trim.store(state_->hooks.trim && quota_bytes() == 0 ? 1 : 0, std::memory_order_relaxed);
+    if (state_->may_touch())
+      state_->me().answers_trim.store(state_->hooks.trim && quota_bytes() == 0 ? 1 : 0, std::memory_order_relaxed);
     state_->refresh_cached_free_locked_hooks();
   }
   std::lock_guard lock(state_->thread_mutex);
@@ -365,6 +403,7 @@ void LedgerDevice::set_trim_hooks(TrimHooks hooks) {
 void LedgerDevice::clear_trim_hooks() {
   std::lock_guard lock(state_->hooks_mutex);
   state_->hooks = TrimHooks{};
+  if (!state_->may_touch()) return;
   state_->me().answers_trim.store(0, std::memory_order_relaxed);
   state_->me().cached_free_bytes.store(share::kCachedFreeUnknown, std::memory_order_relaxed);
 }
@@ -374,10 +413,11 @@ bool LedgerDevice::trim_requested() const noexcept { return state_->requested();
 std::size_t LedgerDevice::answer_trim_requests() { return state_->answer(); }
 
 std::size_t LedgerDevice::reserved_bytes() const {
+  if (!state_->segment->check_intact()) return 0;
   return state_->me().reserved_bytes.load(std::memory_order_relaxed);
 }
 
-std::size_t LedgerDevice::quota_bytes() const { return state_->me().quota_bytes.load(std::memory_order_relaxed); }
+std::size_t LedgerDevice::quota_bytes() const { return state_->options.quota_bytes; }
 
 Ledger& LedgerDevice::ledger() const { return *state_->ledger; }
 

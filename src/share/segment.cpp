@@ -3,6 +3,8 @@
 #include "share/segment.hpp"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,6 +17,7 @@
 #include <ctime>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "share/process_identity.hpp"
 #include "tidepool/units.hpp"
@@ -52,6 +55,66 @@ Status check_name(const std::string& name) {
     return Error(Errc::invalid_argument,
                  "ledger segment name '" + name +
                      "' is invalid: it must be '/' and 1 to 254 characters with no other '/'");
+  }
+  return {};
+}
+
+// "uid 1000 (alice)": a uid and, when it has one, its name.
+std::string user_text(uid_t uid) {
+  std::string text = "uid " + std::to_string(uid);
+  passwd entry{};
+  passwd* found = nullptr;
+  std::vector<char> buffer(4096);
+  if (getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) == 0 && found != nullptr)
+    text += std::string(" (") + found->pw_name + ")";
+  return text;
+}
+
+bool in_my_groups(gid_t gid) {
+  if (gid == getegid()) return true;
+  const int count = getgroups(0, nullptr);
+  if (count <= 0) return false;
+  std::vector<gid_t> groups(static_cast<std::size_t>(count));
+  const int filled = getgroups(count, groups.data());
+  return filled > 0 && std::find(groups.begin(), groups.begin() + filled, gid) != groups.begin() + filled;
+}
+
+std::string mode_text(unsigned mode) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%04o", mode);
+  return text;
+}
+
+// Whether an existing segment may be joined: whoever can write a ledger can
+// take or free anyone's budget, wedge its lock or truncate it, so only a
+// segment this user owns, of mode 0600, or one of this user's groups, of
+// mode 0660 asked for with TIDEPOOL_LEDGER_MODE=group, is trusted. Root is
+// held to the same rule. `wanted_mode` 0 (a reader such as `tidepool
+// ledger`): either mode.
+Status check_owner(const struct stat& status, const std::string& name, unsigned wanted_mode) {
+  const unsigned mode = static_cast<unsigned>(status.st_mode) & 07777;
+  const std::string owner = user_text(status.st_uid);
+  const std::string squatted = "; a segment another user made under this name cannot be trusted (it could "
+                               "pin the budget, wedge the lock or truncate the segment): remove it as its "
+                               "owner or root (rm /dev/shm" + name + "), or choose another name with "
+                               "TIDEPOOL_LEDGER_NAME";
+  if (mode != 0600 && mode != 0660) {
+    return Error(Errc::corrupt_data, "ledger segment " + name + " has mode " + mode_text(mode) + " (owner " +
+                                         owner + "); a ledger is 0600 (this user) or 0660 (its group), "
+                                         "never writable by others" + squatted);
+  }
+  const bool group_ok = mode == 0660 && wanted_mode != 0600 && in_my_groups(status.st_gid);
+  if (status.st_uid != geteuid() && !group_ok) {
+    std::string why = "ledger segment " + name + " belongs to " + owner + ", not to this process's " +
+                      user_text(geteuid());
+    if (mode == 0660 && wanted_mode == 0600)
+      why += " (it is a group ledger, 0660; set TIDEPOOL_LEDGER_MODE=group to share it)";
+    return Error(Errc::corrupt_data, why + squatted);
+  }
+  if (mode == 0660 && wanted_mode == 0600) {
+    return Error(Errc::corrupt_data, "ledger segment " + name + " has mode 0660 (group) but this process asked "
+                                         "for a user ledger (0600): set TIDEPOOL_LEDGER_MODE=group in every "
+                                         "process that shares it" + remedy(name));
   }
   return {};
 }
@@ -105,7 +168,7 @@ Status initialize(int fd, const LedgerSegmentOptions& options, void** mapping) {
 
 // A later process's side: wait (bounded) for the creator to finish, then
 // believe nothing the checks below have not confirmed.
-Expected<void*> attach(int fd, const std::string& name) {
+Expected<void*> attach(int fd, const std::string& name, std::size_t* mapped_bytes) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::seconds(2);
   struct stat status {};
@@ -118,6 +181,8 @@ Expected<void*> attach(int fd, const std::string& name) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // Mapped at its size now, to read a header of any version; what is kept
+  // is checked below to hold a whole segment of this one.
   const std::size_t size = static_cast<std::size_t>(status.st_size);
   void* memory = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (memory == MAP_FAILED) return Error(Errc::io_error, os_error("ledger segment " + name + ": mmap"));
@@ -180,6 +245,7 @@ Expected<void*> attach(int fd, const std::string& name) {
     return fail(refuse(name, "its limit (" + std::to_string(identity.limit_bytes) +
                                  " bytes) or device id is out of range"));
   }
+  *mapped_bytes = size;
   return memory;
 }
 
@@ -191,9 +257,7 @@ Expected<std::unique_ptr<Ledger::Segment>> open_segment(const LedgerSegmentOptio
   const std::string& name = options.name;
   if (create_if_missing) {
     if (options.mode != 0600 && options.mode != 0660) {
-      char text[16];
-      std::snprintf(text, sizeof text, "%04o", options.mode);
-      return Error(Errc::invalid_argument, std::string("ledger segment mode ") + text +
+      return Error(Errc::invalid_argument, "ledger segment mode " + mode_text(options.mode) +
                                                " is invalid; allowed: 0600 (this user) or 0660 (and the group)");
     }
     if (options.device_total_bytes == 0) {
@@ -220,11 +284,12 @@ Expected<std::unique_ptr<Ledger::Segment>> open_segment(const LedgerSegmentOptio
         Status made = fchmod(fd, static_cast<mode_t>(options.mode)) == 0
                           ? initialize(fd, options, &memory)
                           : Status(Error(Errc::io_error, os_error("ledger segment " + name + ": fchmod")));
-        close(fd);
         if (!made) {
+          close(fd);
           shm_unlink(name.c_str());
           return std::move(made).error();
         }
+        segment->fd = fd;
         break;
       }
       if (errno != EEXIST) return Error(Errc::io_error, os_error("ledger segment " + name + ": shm_open"));
@@ -237,18 +302,30 @@ Expected<std::unique_ptr<Ledger::Segment>> open_segment(const LedgerSegmentOptio
                                          " does not exist: no process has used this device's ledger");
       }
       if (errno == EACCES) {
-        return Error(Errc::io_error, "ledger segment " + name +
-                                         ": permission denied: it belongs to another user (a group may "
-                                         "share it when every process sets TIDEPOOL_LEDGER_MODE=0660)");
+        struct stat status {};
+        const std::string owner = stat(("/dev/shm" + name).c_str(), &status) == 0
+                                      ? user_text(status.st_uid) + ", mode " +
+                                            mode_text(static_cast<unsigned>(status.st_mode) & 07777)
+                                      : std::string("another user");
+        return Error(Errc::io_error, "ledger segment " + name + ": permission denied: it belongs to " + owner +
+                                         " (a group shares one when every process sets "
+                                         "TIDEPOOL_LEDGER_MODE=group); remove it as its owner or root "
+                                         "(rm /dev/shm" + name + ") or choose another name with "
+                                         "TIDEPOOL_LEDGER_NAME");
       }
       return Error(Errc::io_error, os_error("ledger segment " + name + ": shm_open"));
     }
     struct stat status {};
-    Expected<void*> attached = attach(fd, name);
-    if (fstat(fd, &status) == 0) mapped = static_cast<std::size_t>(status.st_size);
-    close(fd);
-    if (!attached) return std::move(attached).error();
+    Status trusted = fstat(fd, &status) == 0
+                         ? check_owner(status, name, create_if_missing ? options.mode : 0)
+                         : Status(Error(Errc::io_error, os_error("ledger segment " + name + ": fstat")));
+    Expected<void*> attached = trusted ? attach(fd, name, &mapped) : Expected<void*>(std::move(trusted).error());
+    if (!attached) {
+      close(fd);
+      return std::move(attached).error();
+    }
     memory = *attached;
+    segment->fd = fd;
   }
   if (memory == nullptr) {
     return Error(Errc::io_error, "ledger segment " + name + " kept disappearing while being opened");
@@ -257,6 +334,7 @@ Expected<std::unique_ptr<Ledger::Segment>> open_segment(const LedgerSegmentOptio
   segment->entries =
       reinterpret_cast<share::Entry*>(static_cast<char*>(memory) + sizeof(share::SegmentHeader));
   segment->mapped_bytes = mapped;
+  segment->identity_limit = segment->header->identity.limit_bytes;
   if (create_if_missing) {
     const SegmentIdentity& identity = segment->header->identity;
     const std::string recorded_id(identity.device_id);
@@ -291,6 +369,18 @@ using share::kEntryFree;
 
 Ledger::Segment::~Segment() {
   if (header != nullptr) munmap(header, mapped_bytes);
+  if (fd >= 0) close(fd);
+}
+
+Status Ledger::Segment::check_intact() const {
+  struct stat status {};
+  if (fstat(fd, &status) != 0) return Error(Errc::io_error, share::os_error("ledger segment " + name + ": fstat"));
+  if (static_cast<std::size_t>(status.st_size) < share::kSegmentBytes) {
+    return share::refuse(name, "it shrank to " + std::to_string(status.st_size) + " bytes under this process (" +
+                                   std::to_string(share::kSegmentBytes) +
+                                   " needed): something truncated it; the ledger cannot be used");
+  }
+  return {};
 }
 
 Ledger::Segment::Lock::~Lock() {
@@ -302,11 +392,15 @@ Ledger::Segment::Lock::~Lock() {
 Expected<Ledger::Segment::Lock> Ledger::Segment::lock() {
   auto held = lock_unchecked();
   if (!held) return held;
+  if (share::identity_checksum(header->identity) != header->identity_checksum)
+    return share::refuse(name, "its header was overwritten under this process (checksum mismatch)");
   if (Status valid = validate_entries_locked(); !valid) return std::move(valid).error();
   return held;
 }
 
 Expected<Ledger::Segment::Lock> Ledger::Segment::lock_unchecked() {
+  // The mutex lives in the segment: check it is still there before touching it.
+  if (Status intact = check_intact(); !intact) return std::move(intact).error();
   // Uncontended, no clock read: the common case on every device call.
   int rc = pthread_mutex_trylock(&header->mutex);
   if (rc == EBUSY) rc = timed_lock();

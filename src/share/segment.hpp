@@ -108,8 +108,21 @@ struct Ledger::Segment {
   share::Entry* entries = nullptr;  // kEntryCount slots
   std::size_t mapped_bytes = 0;
   std::chrono::milliseconds lock_timeout{5000};
+  // Kept open so that check_intact() can fstat it: a segment shrunk under
+  // us (ftruncate by a careless process of the same user) would fault with
+  // SIGBUS on the next touch of a page past its new end.
+  int fd = -1;
+  std::size_t identity_limit = 0;  // header->identity.limit_bytes
 
   ~Segment();
+
+  /// Whether the segment still has its full size (one fstat); corrupt_data
+  /// naming the size when it shrank. Every path that touches the
+  /// mapping calls it first (lock_unchecked, the lock-free release, the
+  /// background thread), so a truncated segment is an error for the call at
+  /// hand, never a SIGBUS (a truncation racing the few instructions between
+  /// the check and the access is the one window left; docs/ledger.md).
+  Status check_intact() const;
 
   /// Holds the lock: acquired with a timeout; a dead holder's lock is made
   /// consistent and its entry reclaimed.
@@ -123,7 +136,8 @@ struct Ledger::Segment {
    private:
     Segment* segment_;
   };
-  /// The lock, with the entries checked (validate_entries_locked).
+  /// The lock, with the header's checksum and the entries checked
+  /// (validate_entries_locked).
   Expected<Lock> lock();
   /// The lock, entries not checked: for a caller whose own pass over the
   /// entries checks them (reserve_locked), so the hot path reads them once.
@@ -160,7 +174,9 @@ struct Ledger::Segment {
   /// "pid 12 (python) reserves 40.0 MiB (30.0 MiB cached-free, quota none); ..."
   std::string holders_locked(std::uint32_t except_slot) const;
 
-  std::size_t limit_bytes() const { return header->identity.limit_bytes; }
+  /// The identity's limit, read once at open (it never changes), so reading
+  /// it touches no page of the mapping.
+  std::size_t limit_bytes() const { return identity_limit; }
   /// One past the highest slot ever active, at most kEntryCount: scans of
   /// the entries stop here.
   std::uint32_t slots_end() const {

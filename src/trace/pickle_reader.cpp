@@ -1,5 +1,6 @@
 #include "trace/pickle_reader.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <string>
@@ -25,9 +26,18 @@ const char* kind_name(Kind kind) noexcept {
 }
 
 const Node* Document::find(const Node& dict, std::string_view key) const {
+  if (dict.items.size() > kIndexedDictItems) {
+    const auto id = static_cast<NodeId>(&dict - nodes_.data());
+    if (auto indexed = index_.find(id); indexed != index_.end()) {
+      ++key_probes_;
+      auto found = indexed->second.find(key);
+      return found == indexed->second.end() ? nullptr : &nodes_[found->second];
+    }
+  }
   // Last match wins, as when Python builds the dict.
   for (std::size_t i = dict.items.size(); i >= 2; i -= 2) {
     const Node& k = nodes_[dict.items[i - 2]];
+    ++key_probes_;
     if (k.kind == Kind::string && k.text == key) return &nodes_[dict.items[i - 1]];
   }
   return nullptr;
@@ -112,7 +122,8 @@ class Parser {
                             hex_byte(static_cast<std::uint8_t>(data_[0])) +
                             ", not PROTO 0x80)");
     }
-    doc_.nodes_.reserve(data_.size() / 8);
+    budget_ = std::max(limits_.min_memory_bytes, data_.size() * limits_.memory_per_input_byte);
+    doc_.nodes_.reserve(data_.size() / 16);
     stack_.reserve(1024);
     while (true) {
       const std::size_t at = pos_;
@@ -125,9 +136,13 @@ class Parser {
                                  " open MARKs on the stack (expected one value, no MARK)");
         }
         doc_.root_ = stack_.back();
+        if (Status indexed = index_dicts(at); !indexed) return std::move(indexed).error();
         return std::move(doc_);
       }
       if (Status step = execute(op, at); !step) return std::move(step).error();
+      // Each opcode adds a bounded amount, so checking after each is exact
+      // to within one node.
+      if (Status within = check_budget(at); !within) return within.error();
     }
   }
 
@@ -163,10 +178,46 @@ class Parser {
     return length;
   }
 
+  // --- the memory budget ---
+  // What a memo or index entry costs in a node-based hash map, roughly.
+  static constexpr std::size_t kHashEntryBytes = 48;
+  std::size_t used() const {
+    return charged_ + stack_.size() * sizeof(NodeId) + marks_.size() * sizeof(std::size_t);
+  }
+  Status check_budget(std::size_t at) const {
+    if (used() <= budget_) return {};
+    return corrupt(at, "the value tree would take more than " + std::to_string(budget_) + " bytes (" +
+                           std::to_string(limits_.memory_per_input_byte) + " times the input's " +
+                           std::to_string(data_.size()) +
+                           " bytes): the pickle amplifies (real snapshots take 4 to 8 times their size)");
+  }
+  // Large dicts get a hash index (Document::find), built once they are whole.
+  Status index_dicts(std::size_t at) {
+    for (std::size_t id = 0; id < doc_.nodes_.size(); ++id) {
+      const Node& node = doc_.nodes_[id];
+      if (node.kind != Kind::dict || node.items.size() <= Document::kIndexedDictItems) continue;
+      auto& index = doc_.index_[static_cast<NodeId>(id)];
+      index.reserve(node.items.size() / 2);
+      for (std::size_t i = 0; i + 1 < node.items.size(); i += 2) {
+        const Node& key = doc_.nodes_[node.items[i]];
+        if (key.kind == Kind::string) index[key.text] = node.items[i + 1];  // the last wins
+      }
+      charged_ += (node.items.size() / 2) * kHashEntryBytes;
+      if (Status within = check_budget(at); !within) return within;
+    }
+    return {};
+  }
+
   // --- building nodes ---
   NodeId add(Node node) {
+    charged_ += sizeof(Node);
     doc_.nodes_.push_back(std::move(node));
     return static_cast<NodeId>(doc_.nodes_.size() - 1);
+  }
+  // None, True and False are one node each, however often they occur.
+  NodeId constant(Kind kind, std::int64_t value, NodeId& made) {
+    if (made == kNoNode) made = add_scalar(kind, value);
+    return made;
   }
   NodeId add_scalar(Kind kind, std::int64_t integer = 0) {
     Node node;
@@ -221,6 +272,7 @@ class Parser {
       return corrupt(at, std::string{opcode} + " with an odd number of values (a key without a value)");
     }
     auto& items = doc_.nodes_[*id].items;
+    charged_ += (stack_.size() - first) * sizeof(NodeId);
     items.insert(items.end(), stack_.begin() + static_cast<std::ptrdiff_t>(first), stack_.end());
     stack_.resize(first);
     return {};
@@ -229,13 +281,14 @@ class Parser {
     Node node;
     node.kind = kind;
     node.items.assign(stack_.begin() + static_cast<std::ptrdiff_t>(first), stack_.end());
+    charged_ += node.items.size() * sizeof(NodeId);
     stack_.resize(first);
     push(add(std::move(node)));
   }
 
   Status memo_put(std::uint64_t index, std::size_t at) {
     if (values_above_mark() == 0) return corrupt(at, "memo store with an empty stack");
-    memo_[index] = stack_.back();
+    if (memo_.insert_or_assign(index, stack_.back()).second) charged_ += kHashEntryBytes;
     return {};
   }
   Status memo_get(std::uint64_t index, std::size_t at) {
@@ -323,9 +376,9 @@ class Parser {
         push(stack_.back());
         return {};
 
-      case NONE: push(add_scalar(Kind::none)); return {};
-      case NEWTRUE: push(add_scalar(Kind::boolean, 1)); return {};
-      case NEWFALSE: push(add_scalar(Kind::boolean, 0)); return {};
+      case NONE: push(constant(Kind::none, 0, none_)); return {};
+      case NEWTRUE: push(constant(Kind::boolean, 1, true_)); return {};
+      case NEWFALSE: push(constant(Kind::boolean, 0, false_)); return {};
       case BININT1:
       case BININT2:
       case BININT: {
@@ -444,6 +497,10 @@ class Parser {
   std::vector<NodeId> stack_;
   std::vector<std::size_t> marks_;  // stack sizes at each open MARK
   std::unordered_map<std::uint64_t, NodeId> memo_;
+  static constexpr NodeId kNoNode = ~NodeId{0};
+  NodeId none_ = kNoNode, true_ = kNoNode, false_ = kNoNode;
+  std::size_t budget_ = 0;   // bytes the tree may take
+  std::size_t charged_ = 0;  // bytes of nodes, items, memo and index entries so far
 };
 
 Expected<Document> parse(std::string_view data, const Limits& limits) {

@@ -7,11 +7,18 @@
 //
 // Every read is bounds-checked; a truncated, corrupted or empty input is a
 // corrupt_data error with the byte offset, never a crash.
+//
+// Bounded: the memory the tree takes (nodes, container items, memo entries,
+// the stack, dictionary indexes) is counted as it grows and refused past
+// Limits::memory_per_input_byte times the input (16: a snapshot takes 2-5x),
+// and every key lookup (Document::find) is one hash probe for a dict of
+// more than kIndexedDictItems items, so no input costs more than linear work.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "tidepool/error.hpp"
@@ -57,13 +64,24 @@ class Document {
   std::size_t size() const { return nodes_.size(); }
 
   /// The value of `key` in dict `dict` (the last one if repeated), or null
-  /// when absent. Precondition: node(dict).kind == Kind::dict.
+  /// when absent: a scan of a small dict, one hash probe of a larger one (a
+  /// dict shared through the memo by every event costs each event O(1)).
+  /// Precondition: `dict` is a node of this document of kind dict.
   const Node* find(const Node& dict, std::string_view key) const;
+
+  /// Dicts with more items (keys and values) than this get a hash index.
+  static constexpr std::size_t kIndexedDictItems = 16;
+  /// Keys compared (or hash probes made) by find() so far: the work bound's
+  /// measure (not synchronized: a Document is read by one thread).
+  std::size_t key_probes() const { return key_probes_; }
 
  private:
   friend class Parser;
+  mutable std::size_t key_probes_ = 0;
   std::vector<Node> nodes_;
   NodeId root_ = 0;
+  // Per large dict: its string keys to their last value.
+  std::unordered_map<NodeId, std::unordered_map<std::string_view, NodeId>> index_;
 };
 
 struct Limits {
@@ -71,12 +89,18 @@ struct Limits {
   std::size_t max_depth = 512;
   /// Largest input accepted (node ids are 32-bit).
   std::size_t max_input_bytes = std::size_t{1} << 32;
+  /// The most memory the parse may take, as a multiple of the input's size
+  /// (with a floor of min_memory_bytes for tiny inputs); past it the input is
+  /// refused (corrupt_data naming the budget and the offset).
+  std::size_t memory_per_input_byte = 16;
+  std::size_t min_memory_bytes = std::size_t{1} << 20;
 };
 
 /// Parses a whole pickle. Errors (corrupt_data, each with the byte offset):
 /// not a protocol 2-5 pickle, a refused opcode, an unknown opcode, a read past
 /// the end, a malformed stack (a missing MARK, a SETITEMS on a list, ...),
-/// nesting deeper than `limits.max_depth`.
+/// nesting deeper than `limits.max_depth`, a tree larger than the memory
+/// budget of `limits`.
 Expected<Document> parse(std::string_view data, const Limits& limits = {});
 
 }  // namespace tidepool::trace::pickle

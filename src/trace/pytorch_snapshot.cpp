@@ -3,6 +3,7 @@
 // `device_traces`, one list of trace entries per device, each a dict with
 // `action`, `addr`, `size`, `stream`, `frames` and, in newer versions, `time_us`.
 #include <algorithm>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -10,6 +11,7 @@
 
 #include "tidepool/trace_io.hpp"
 #include "trace/live_at_start.hpp"
+#include "trace/live_ranges.hpp"
 #include "trace/pickle_reader.hpp"
 
 namespace tidepool::trace {
@@ -192,6 +194,7 @@ class SnapshotReader {
 
     Expected<std::int64_t> addr = field(entry, "addr", where, true);
     if (!addr) return std::move(addr).error();
+    if (*addr < 0) return fail(where + "['addr'] is negative: " + std::to_string(*addr));
     Expected<std::int64_t> size = field(entry, "size", where, true);
     if (!size) return std::move(size).error();
     if (*size < 0) return fail(where + "['size'] is negative: " + std::to_string(*size));
@@ -208,11 +211,8 @@ class SnapshotReader {
 
     if (is_alloc || is_free) touched_.insert(address);
     if (is_alloc) {
-      auto [it, inserted] = live_.try_emplace(address, Live{trace.num_blocks, event.bytes, index});
-      if (!inserted) {
-        return fail(where + ": alloc at address " + std::to_string(address) + " that is live since " +
-                    path_ + "[" + std::to_string(it->second.entry) + "]");
-      }
+      if (Status apart = check_apart(address, event.bytes, where); !apart) return apart;
+      live_.emplace(address, Live{trace.num_blocks, event.bytes, index});
       event.op = Op::alloc;
       event.block = trace.num_blocks++;
       if (const std::uint32_t stack = stack_of(entry, trace); stack != 0 || !trace.block_stacks.empty()) {
@@ -232,7 +232,11 @@ class SnapshotReader {
       live_.erase(it);
     } else {
       event.op = is_segment_alloc ? Op::segment_alloc : Op::segment_free;
-      net_segment_bytes_ += is_segment_alloc ? *size : -*size;
+      // Checked: a crafted snapshot must not wrap the sum (signed overflow).
+      if (__builtin_add_overflow(net_segment_bytes_, is_segment_alloc ? *size : -*size, &net_segment_bytes_)) {
+        return fail(where + ": the segments' net size overflows 64 bits after adding " + std::to_string(*size) +
+                    " bytes");
+      }
       lowest_net_segment_bytes_ = std::min(lowest_net_segment_bytes_, net_segment_bytes_);
       trace.has_segments = true;
     }
@@ -260,11 +264,19 @@ class SnapshotReader {
       Expected<std::int64_t> total = field(segment, "total_size", where, true);
       if (!total) return std::move(total).error();
       if (*total < 0) return fail(where + "['total_size'] is negative");
-      reserved_at_dump += *total;
+      if (__builtin_add_overflow(reserved_at_dump, *total, &reserved_at_dump)) {
+        return fail(where + ": the segments' total size overflows 64 bits after adding " +
+                    std::to_string(*total) + " bytes");
+      }
     }
     // The window's own events prove at least -lowest was held before it, even
     // when the dump's segment list is inconsistent with them.
-    const std::int64_t before = std::max(reserved_at_dump - net_segment_bytes_, -lowest_net_segment_bytes_);
+    if (lowest_net_segment_bytes_ == INT64_MIN) return fail("the window's segment frees sum to -2^63 bytes");
+    std::int64_t dump_minus_window = 0;
+    if (__builtin_sub_overflow(reserved_at_dump, net_segment_bytes_, &dump_minus_window)) {
+      return fail("segments: the bytes reserved at the dump minus the window's segment events overflow 64 bits");
+    }
+    const std::int64_t before = std::max(dump_minus_window, -lowest_net_segment_bytes_);
     if (before <= 0) return {};
     Event event;
     event.op = Op::segment_alloc;
@@ -396,10 +408,25 @@ class SnapshotReader {
     std::size_t entry;
   };
 
+  // The address rule (live_ranges.hpp), and no block past 2^64.
+  Status check_apart(std::uint64_t address, std::uint64_t bytes, const std::string& where) const {
+    if (bytes > ~address) {
+      return fail(where + ": a block of " + std::to_string(bytes) + " bytes at address " + std::to_string(address) +
+                  " ends past 2^64");
+    }
+    auto other = overlapping(live_, address, bytes);
+    if (other == live_.end()) return {};
+    return fail(where + ": alloc of " + std::to_string(bytes) + " bytes at address " + std::to_string(address) +
+                (other->first == address ? std::string(" that is live since ")
+                                         : " overlaps the live block of " + std::to_string(other->second.bytes) +
+                                               " bytes at address " + std::to_string(other->first) + " allocated at ") +
+                path_ + "[" + std::to_string(other->second.entry) + "]");
+  }
+
   const Document& doc_;
   std::string name_;
   std::string path_;
-  std::unordered_map<std::uint64_t, Live> live_;
+  std::map<std::uint64_t, Live> live_;  // by address, ordered: check_apart looks at the neighbours
   std::unordered_set<std::uint64_t> touched_;  // addresses of every alloc and free
   std::unordered_map<std::string, std::uint32_t> stack_index_;  // trace.stacks, by text
   detail::LiveAtStart live_at_start_;

@@ -6,10 +6,12 @@
 // `0x...` (or `(nil)` for null in glibc); the stream is printed with
 // std::hex, so hex with `0x` here, while older versions and RMM's own replay
 // parser also take a decimal stream.
+#include <map>
 #include <string>
-#include <unordered_map>
 
 #include "tidepool/trace_io.hpp"
+#include "tidepool/units.hpp"
+#include "trace/live_ranges.hpp"
 #include "trace/live_at_start.hpp"
 #include "trace/text_lines.hpp"
 
@@ -81,7 +83,7 @@ Expected<Trace> read_rmm_csv(std::string_view data, std::string name) {
     std::uint64_t bytes;
     std::size_t line;
   };
-  std::unordered_map<std::uint64_t, Live> live;  // by pointer
+  std::map<std::uint64_t, Live> live;  // by pointer, ordered for the overlap rule
   detail::LiveAtStart live_at_start;
   std::int64_t day_offset = 0;
   std::int64_t previous_time = -1;
@@ -108,7 +110,7 @@ Expected<Trace> read_rmm_csv(std::string_view data, std::string name) {
     if (count != 6) return fail("6 fields expected (Thread,Time,Action,Pointer,Size,Stream), found " + std::to_string(count));
     auto bad = [&](std::size_t index, const char* what) {
       column = columns[index];
-      return fail(std::string{what} + ", found '" + std::string{fields[index]} + "'");
+      return fail(std::string{what} + ", found '" + format_excerpt(fields[index]) + "'");
     };
 
     if (!text::parse_unsigned(fields[0])) return bad(0, "Thread must be a decimal thread id");
@@ -147,12 +149,19 @@ Expected<Trace> read_rmm_csv(std::string_view data, std::string name) {
       continue;
     }
     if (is_alloc) {
-      auto [it, inserted] = live.try_emplace(*pointer, Live{trace.num_blocks, *size, lines.number()});
-      if (!inserted) {
-        column = columns[3];
-        return fail("allocate returns " + std::string{fields[3]} + ", which is live since line " +
-                    std::to_string(it->second.line));
+      column = columns[3];
+      if (*size > ~*pointer)
+        return fail("allocate of " + std::to_string(*size) + " bytes at " + std::string{fields[3]} + " ends past 2^64");
+      if (auto it = overlapping(live, *pointer, *size); it != live.end()) {
+        if (it->first == *pointer)
+          return fail("allocate returns " + std::string{fields[3]} + ", which is live since line " +
+                      std::to_string(it->second.line));
+        return fail("allocate of " + std::to_string(*size) + " bytes at " + std::string{fields[3]} +
+                    " overlaps the live block of " + std::to_string(it->second.bytes) + " bytes at " +
+                    format_address(it->first) + " allocated at line " + std::to_string(it->second.line));
       }
+      column = 1;
+      live.emplace(*pointer, Live{trace.num_blocks, *size, lines.number()});
       event.op = Op::alloc;
       event.block = trace.num_blocks++;
       event.bytes = *size;

@@ -120,8 +120,10 @@ Expected<TraceSummary> summarize(const Trace& trace) {
         }
         live_bytes[event.block] = event.bytes;
         ++summary.allocs;
-        summary.total_alloc_bytes += event.bytes;
-        live += event.bytes;
+        if (__builtin_add_overflow(summary.total_alloc_bytes, event.bytes, &summary.total_alloc_bytes) ||
+            __builtin_add_overflow(live, event.bytes, &live)) {
+          return fail(i, "allocates " + std::to_string(event.bytes) + " bytes: the sum of sizes overflows 64 bits");
+        }
         ++summary.live_blocks_at_end;
         if (live > summary.peak_live_bytes) summary.peak_live_bytes = live;
         break;
@@ -139,7 +141,10 @@ Expected<TraceSummary> summarize(const Trace& trace) {
         --summary.live_blocks_at_end;
         break;
       case Op::segment_alloc:
-        segments += event.bytes;
+        if (__builtin_add_overflow(segments, event.bytes, &segments)) {
+          return fail(i, "adds a segment of " + std::to_string(event.bytes) +
+                             " bytes: the sum of segment sizes overflows 64 bits");
+        }
         if (segments > summary.peak_segment_bytes) summary.peak_segment_bytes = segments;
         ++summary.segment_events;
         saw_segments = true;

@@ -52,6 +52,20 @@ void expect_invalid(const Vars& vars, const std::string& variable, const std::st
 
 // --- modes --------------------------------------------------------------
 
+TEST(ConfigErrors, ALongValueIsCutInTheMessage) {
+  // Issue 14: a 1 MiB value was echoed whole.
+  const std::string huge(1 << 20, 'x');
+  for (const char* variable : {"TIDEPOOL_HOST_CAPACITY", "TIDEPOOL_ALLOCATOR", "XLA_PYTHON_CLIENT_MEM_FRACTION"}) {
+    SCOPED_TRACE(variable);
+    auto config = load({{variable, huge}});
+    ASSERT_FALSE(config);
+    const std::string& message = config.error().message();
+    EXPECT_LT(message.size(), 1000u) << message.substr(0, 1000);
+    EXPECT_TRUE(contains(message, std::string(variable) + "='xxxx")) << message;
+    EXPECT_TRUE(contains(message, "(1048576 bytes in all)")) << message;
+  }
+}
+
 TEST(Mode, NamesRoundTrip) {
   ASSERT_EQ(all_modes().size(), 5u);
   for (Mode mode : all_modes()) {

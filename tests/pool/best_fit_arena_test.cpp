@@ -151,6 +151,12 @@ TEST_F(BestFitArenaTest, FreeReportsTheChunkSizeAndOwnsTracksLiveBlocks) {
   EXPECT_EQ(*freed, 1 * KiB);
   EXPECT_FALSE(arena.owns(block->base));
   EXPECT_EQ(arena.free(block->base, 0).error().code(), Errc::double_free);
+  // Issue 14: a pointer inside a free chunk was never handed out: it is not a
+  // block of this pool, not a double free.
+  Expected<std::size_t> interior = arena.free(static_cast<char*>(block->base) + 4 * KiB, 0);
+  ASSERT_FALSE(interior);
+  EXPECT_EQ(interior.error().code(), Errc::invalid_pointer) << interior.error().message();
+  EXPECT_NE(interior.error().message().find("not a block of this pool"), std::string::npos);
   EXPECT_EQ(arena.free_bytes(), 64 * KiB);
   // Nothing big enough: a null block, not an error.
   Expected<MemoryRange> too_big = arena.allocate(128 * KiB, 0);

@@ -117,6 +117,40 @@ def test_close():
         pool.allocate(16)
 
 
+@pytest.mark.parametrize("mode", ["growth", "expandable", "preallocate", "platform"])
+def test_close_while_eight_threads_allocate(mode):
+    # Before issue 14, close() destroyed the stack under calls that had
+    # released the GIL: a segfault in every mode.
+    for _ in range(5):
+        pool = host(mode=mode)
+        started = threading.Barrier(9)
+        unexpected = []
+
+        def work():
+            started.wait()
+            try:
+                while True:
+                    pool.free(pool.allocate(4096))
+                    pool.trim()
+            except tidepool.InvalidArgumentError as error:
+                if "closed" not in str(error):
+                    unexpected.append(error)
+            except Exception as error:  # pragma: no cover - reported below
+                unexpected.append(error)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        started.wait()
+        pool.close()
+        for t in threads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in threads)
+        assert not unexpected
+        with pytest.raises(tidepool.InvalidArgumentError, match="closed"):
+            pool.memory_stats()
+
+
 def test_threads_share_one_allocator():
     pool = host(mode="growth")
     errors = []

@@ -53,9 +53,10 @@ void create_segment(const std::string& name, std::size_t total = kCapacity) {
 }
 
 TEST(LedgerSegmentName, SanitizesTheDeviceId) {
-  EXPECT_EQ(ledger_segment_name("host:gpu0"), "/tidepool-host_gpu0");
-  EXPECT_EQ(ledger_segment_name("GPU-5f3c1b2a-9d7e"), "/tidepool-GPU-5f3c1b2a-9d7e");
-  EXPECT_EQ(ledger_segment_name("a/b c"), "/tidepool-a_b_c");
+  const std::string prefix = "/tidepool-u" + std::to_string(geteuid()) + "-";
+  EXPECT_EQ(ledger_segment_name("host:gpu0"), prefix + "host_gpu0");
+  EXPECT_EQ(ledger_segment_name("GPU-5f3c1b2a-9d7e"), prefix + "GPU-5f3c1b2a-9d7e");
+  EXPECT_EQ(ledger_segment_name("a/b c"), prefix + "a_b_c");
   const std::string long_a = "host:" + std::string(300, 'x') + "a";
   const std::string long_b = "host:" + std::string(300, 'x') + "b";
   EXPECT_LE(ledger_segment_name(long_a).size(), 200u);

@@ -191,7 +191,8 @@ TEST(LedgerCommandMissing, AMissingLedgerSaysNoProcessUsesOne) {
   // A device id is turned into its segment's name.
   Result by_id = run_cli({"ledger", "--device", "host:missing-" + std::to_string(getpid())});
   EXPECT_EQ(by_id.exit_status, 0) << by_id.err;
-  EXPECT_TRUE(contains(by_id.out, "/tidepool-host_missing-" + std::to_string(getpid()))) << by_id.out;
+  EXPECT_TRUE(contains(by_id.out, "/tidepool-u" + std::to_string(geteuid()) + "-host_missing-" + std::to_string(getpid())))
+      << by_id.out;
 }
 
 #else

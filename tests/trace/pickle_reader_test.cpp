@@ -245,5 +245,72 @@ TEST(PickleReader, LastDuplicateKeyWins) {
   EXPECT_EQ(doc->find(doc->node(doc->root()), "missing"), nullptr);
 }
 
+namespace bounded {
+
+// One dict whose first key is 'action' (a scan from the last key reads every
+// key before it), memoized, and `events` references to it: keys x events of
+// work for a reader that scans (issue 14: minutes for 6 MB).
+std::string shared_dict_snapshot(std::size_t keys, std::size_t events) {
+  std::string shared = "}\x94(" + build::str("action") + build::str("free_requested");
+  for (std::size_t i = 0; i < keys; ++i) shared += build::str("k" + std::to_string(i)) + "K\x01";
+  shared += "u";
+  std::string body = "}(" + build::str("device_traces") + "](](" + shared;
+  for (std::size_t i = 1; i < events; ++i) body += "h\x00"s;
+  body += "eeu";
+  return build::pickle(body);
+}
+
+}  // namespace bounded
+
+TEST(PickleReader, ADictSharedByEveryEventCostsEachLookupOneProbe) {
+  const std::size_t keys = 4000, events = 4000;
+  const std::string data = bounded::shared_dict_snapshot(keys, events);
+  Expected<Document> doc = parse(data);
+  ASSERT_TRUE(doc) << doc.error().message();
+  const Node& root = doc->node(doc->root());
+  const Node* traces = doc->find(root, "device_traces");
+  ASSERT_NE(traces, nullptr);
+  const Node& entries = doc->node(traces->items[0]);
+  ASSERT_EQ(entries.items.size(), events);
+  const std::size_t before = doc->key_probes();
+  for (NodeId event : entries.items) {
+    const Node* action = doc->find(doc->node(event), "action");
+    ASSERT_NE(action, nullptr);
+    EXPECT_EQ(action->text, "free_requested");
+    ASSERT_EQ(doc->find(doc->node(event), "absent"), nullptr);
+  }
+  // Two lookups per event, one probe each; a scan made keys x events.
+  EXPECT_EQ(doc->key_probes() - before, 2 * events);
+  // A small dict is scanned, its keys read at most once per lookup.
+  const std::string small = build::pickle(build::dict({{"a", "N"}, {"b", "N"}}));
+  Expected<Document> little = parse(small);
+  ASSERT_TRUE(little);
+  EXPECT_NE(little->find(little->node(little->root()), "a"), nullptr);
+  EXPECT_LE(little->key_probes(), 2u);
+}
+
+TEST(PickleReader, AnAmplifyingPickleIsRefusedPastTheMemoryBudget) {
+  // 4 MiB of EMPTY_LIST (1 byte each, a node each) in one list: ~70x the input.
+  const std::size_t count = 4u << 20;
+  const std::string lists = build::pickle("(" + std::string(count, ']') + "l");
+  Expected<Document> refused = parse(lists);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), Errc::corrupt_data);
+  EXPECT_THAT(refused.error().message(), HasSubstr("16 times the input's"));
+  // So is a memo grown by MEMOIZE (one entry per byte).
+  std::string memoized = "N";
+  memoized += std::string(count, '\x94');
+  Expected<Document> memo = parse(build::pickle(memoized));
+  ASSERT_FALSE(memo);
+  EXPECT_THAT(memo.error().message(), HasSubstr("would take more than"));
+  // None is one node however often it occurs (before issue 14: a node each,
+  // 2.8 GB for 20 MB): a list of 4 Mi Nones is 2 nodes.
+  const std::string nones = build::pickle("(" + std::string(count, 'N') + "l");
+  Expected<Document> accepted = parse(nones);
+  ASSERT_TRUE(accepted) << accepted.error().message();
+  EXPECT_EQ(accepted->size(), 2u);
+  EXPECT_EQ(accepted->node(accepted->root()).items.size(), count);
+}
+
 }  // namespace
 }  // namespace tidepool::trace::pickle

@@ -328,7 +328,18 @@ TEST(PytorchSnapshot, BadEntriesNameWhereTheyAre) {
       {build::snapshot({{build::entry("alloc", 0x10, -5)}}), "device_traces[0][0]['size'] is negative"},
       {build::snapshot({{build::entry("teleport", 0x10, 5)}}), "unknown action 'teleport'"},
       {build::snapshot({{build::entry("alloc", 0x10, 5), build::entry("alloc", 0x10, 5)}}),
-       "device_traces[0][1]: alloc at address 16 that is live since device_traces[0][0]"},
+       "device_traces[0][1]: alloc of 5 bytes at address 16 that is live since device_traces[0][0]"},
+      // Issue 14: overlapping live blocks and negative addresses were replayed.
+      {build::snapshot({{build::entry("alloc", 0x100, 0x100), build::entry("alloc", 0x180, 0x10)}}),
+       "device_traces[0][1]: alloc of 16 bytes at address 384 overlaps the live block of 256 bytes at address 256"},
+      {build::snapshot({{build::entry("alloc", 0x180, 0x10), build::entry("alloc", 0x100, 0x100)}}),
+       "overlaps the live block of 16 bytes at address 384"},
+      {build::snapshot({{build::entry("alloc", -4096, 16)}}), "device_traces[0][0]['addr'] is negative: -4096"},
+      // Issue 14: sums of sizes read from the file are checked, never wrapped.
+      {build::snapshot({{build::entry("segment_alloc", 0, INT64_MAX), build::entry("segment_alloc", 0, INT64_MAX)}}),
+       "device_traces[0][1]: the segments' net size overflows 64 bits"},
+      {build::snapshot({{build::entry("free_requested", 0, 0)}}, {build::segment(0, 0, INT64_MAX), build::segment(0, 0, 1)}),
+       "segments[1]: the segments' total size overflows 64 bits"},
   };
   for (const auto& [data, message] : cases) {
     SCOPED_TRACE(message);
@@ -337,6 +348,23 @@ TEST(PytorchSnapshot, BadEntriesNameWhereTheyAre) {
     EXPECT_EQ(trace.error().code(), Errc::corrupt_data);
     EXPECT_THAT(trace.error().message(), HasSubstr(message));
   }
+}
+
+TEST(TraceSummary, ASumOfSizesThatOverflowsIsRefused) {
+  Trace trace;
+  trace.name = "overflow";
+  const std::uint64_t half = (std::uint64_t{1} << 63) + 1;
+  trace.events = {Event{Op::alloc, 0, half}, Event{Op::alloc, 1, half}};
+  trace.num_blocks = 2;
+  auto summary = summarize(trace);
+  ASSERT_FALSE(summary);
+  EXPECT_THAT(summary.error().message(), HasSubstr("event 1 allocates 9223372036854775809 bytes: the sum of sizes overflows"));
+  trace.events = {Event{Op::segment_alloc, 0, half}, Event{Op::segment_alloc, 0, half}};
+  trace.num_blocks = 0;
+  trace.has_segments = true;
+  auto segments = summarize(trace);
+  ASSERT_FALSE(segments);
+  EXPECT_THAT(segments.error().message(), HasSubstr("the sum of segment sizes overflows"));
 }
 
 }  // namespace

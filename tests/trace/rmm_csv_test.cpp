@@ -19,7 +19,7 @@ const std::string kLog =
     "140573312345856,10:15:30.000300,allocate failure,(nil),99999999999,0x0\n"
     "140573312345857,10:15:30.000400,free,0x7f8a40000000,1024,0x0\n"
     "140573312345857,10:15:30.000500,free,0x7f8a4ffff000,512,0x0\n"  // allocated before the log
-    "140573312345856,10:15:31.5,allocate,0x7f8a40000000,4096,0\n"    // decimal stream, short fraction
+    "140573312345856,10:15:31.5,allocate,0x7f8a40001000,4096,0\n"    // decimal stream, short fraction
     "140573312345856,10:15:32.000000,free,0x7f8a40000400,2048,0x7f8a38001020\n";
 
 TEST(RmmCsv, ReadsTheLoggingAdaptorsLog) {
@@ -109,6 +109,13 @@ TEST(RmmCsv, BadLinesNameTheLineAndColumn) {
        "line 3, column 23: allocate returns 0x10, which is live since line 2"},
       {header + "1,10:00:00.0,allocate,0x10,8,0\n1,10:00:00.1,free,0x10,16,0\n",
        "line 3, column 24: free of 0x10 with 16 bytes, allocated with 8 at line 2"},
+      // Issue 14: overlapping live blocks were replayed; long fields were echoed whole.
+      {header + "1,10:00:00.0,allocate,0x100,256,0\n1,10:00:00.1,allocate,0x180,16,0\n",
+       "line 3, column 23: allocate of 16 bytes at 0x180 overlaps the live block of 256 bytes at 0x100 allocated at line 2"},
+      {header + "1,10:00:00.0,allocate,0x180,16,0\n1,10:00:00.1,allocate,0x100,256,0\n",
+       "line 3, column 23: allocate of 256 bytes at 0x100 overlaps the live block of 16 bytes at 0x180"},
+      {header + std::string(5000, 'x') + ",10:00:00.0,allocate,0x10,8,0\n",
+       "line 2, column 1: Thread must be a decimal thread id, found '" + std::string(80, 'x') + "... (5000 bytes in all)'"},
   };
   for (const auto& [text, message] : cases) {
     SCOPED_TRACE(message);
