@@ -410,14 +410,6 @@ py::list replay(const std::string& source, const std::optional<std::vector<std::
 }
 
 py::dict ledger_snapshot(const std::optional<std::string>& segment) {
-  std::string name;
-  if (segment) {
-    name = *segment;
-  } else {
-    // The ledger of the device the environment configures (as `tidepool info`).
-    Config config = take(Config::from_env());
-    name = ledger_segment_name(take(make_device(config))->id(), config.ledger_mode.value);
-  }
   LedgerSnapshot snapshot = [&] {
     py::gil_scoped_release unlocked;
     std::string name;
@@ -426,7 +418,7 @@ py::dict ledger_snapshot(const std::optional<std::string>& segment) {
     } else {
       // The ledger of the device the environment configures (as `tidepool info`).
       Config config = take(Config::from_env());
-      name = ledger_segment_name(take(make_device(config))->id());
+      name = ledger_segment_name(take(make_device(config))->id(), config.ledger_mode.value);
     }
     auto ledger = take(Ledger::open_existing(name));
     return take(ledger->snapshot());
