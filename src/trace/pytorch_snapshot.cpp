@@ -249,18 +249,8 @@ class SnapshotReader {
   // more than it took; the larger of the two becomes one segment_alloc at the
   // start.
   Status add_reserved_before(const Node& root, int device, Trace& trace) const {
-    const Node* segments = doc_.find(root, "segments");
-    if (segments != nullptr && segments->kind != Kind::list) {
-      return fail(type_error("segments", *segments, "list"));
-    }
     std::int64_t reserved_at_dump = 0;
-    for (std::size_t i = 0; segments != nullptr && i < segments->items.size(); ++i) {
-      const Node& segment = doc_.node(segments->items[i]);
-      const std::string where = "segments[" + std::to_string(i) + "]";
-      if (segment.kind != Kind::dict) return fail(type_error(where, segment, "dict"));
-      Expected<std::int64_t> on_device = field(segment, "device", where, false, device);
-      if (!on_device) return std::move(on_device).error();
-      if (*on_device != device) continue;
+    Status summed = for_each_segment(root, device, [&](const Node& segment, const std::string& where) -> Status {
       Expected<std::int64_t> total = field(segment, "total_size", where, true);
       if (!total) return std::move(total).error();
       if (*total < 0) return fail(where + "['total_size'] is negative");
@@ -268,7 +258,9 @@ class SnapshotReader {
         return fail(where + ": the segments' total size overflows 64 bits after adding " +
                     std::to_string(*total) + " bytes");
       }
-    }
+      return {};
+    });
+    if (!summed) return summed;
     // The window's own events prove at least -lowest was held before it, even
     // when the dump's segment list is inconsistent with them.
     if (lowest_net_segment_bytes_ == INT64_MIN) return fail("the window's segment frees sum to -2^63 bytes");
@@ -292,20 +284,11 @@ class SnapshotReader {
   // event allocates or frees were live throughout the window: the model's
   // weights, allocated before recording began.
   Status seed_live_at_dump(const Node& root, int device, Trace& trace) {
-    const Node* segments = doc_.find(root, "segments");
-    if (segments == nullptr) return {};
-    if (segments->kind != Kind::list) return fail(type_error("segments", *segments, "list"));
-    for (std::size_t i = 0; i < segments->items.size(); ++i) {
-      const Node& segment = doc_.node(segments->items[i]);
-      const std::string where = "segments[" + std::to_string(i) + "]";
-      if (segment.kind != Kind::dict) return fail(type_error(where, segment, "dict"));
-      Expected<std::int64_t> on_device = field(segment, "device", where, false, device);
-      if (!on_device) return std::move(on_device).error();
-      if (*on_device != device) continue;
+    return for_each_segment(root, device, [&](const Node& segment, const std::string& where) -> Status {
       Expected<std::int64_t> stream = field(segment, "stream", where, false, 0);
       if (!stream) return std::move(stream).error();
       const Node* blocks = doc_.find(segment, "blocks");
-      if (blocks == nullptr) continue;
+      if (blocks == nullptr) return {};
       if (blocks->kind != Kind::list) return fail(type_error(where + "['blocks']", *blocks, "list"));
       for (std::size_t b = 0; b < blocks->items.size(); ++b) {
         const Node& block = doc_.node(blocks->items[b]);
@@ -324,6 +307,25 @@ class SnapshotReader {
         live_at_start_.live_throughout(static_cast<std::uint64_t>(*requested), static_cast<Stream>(*stream),
                                        stack_of(block, trace));
       }
+      return {};
+    });
+  }
+
+  /// Calls visit(segment, where) for each entry of the snapshot's `segments`
+  /// on `device`, once its shape is checked; the first error ends the walk.
+  template <class Visit>
+  Status for_each_segment(const Node& root, int device, Visit&& visit) const {
+    const Node* segments = doc_.find(root, "segments");
+    if (segments == nullptr) return {};
+    if (segments->kind != Kind::list) return fail(type_error("segments", *segments, "list"));
+    for (std::size_t i = 0; i < segments->items.size(); ++i) {
+      const Node& segment = doc_.node(segments->items[i]);
+      const std::string where = "segments[" + std::to_string(i) + "]";
+      if (segment.kind != Kind::dict) return fail(type_error(where, segment, "dict"));
+      Expected<std::int64_t> on_device = field(segment, "device", where, false, device);
+      if (!on_device) return std::move(on_device).error();
+      if (*on_device != device) continue;
+      if (Status visited = visit(segment, where); !visited) return visited;
     }
     return {};
   }
