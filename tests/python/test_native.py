@@ -9,25 +9,11 @@ import sys
 import pytest
 
 import tidepool
+from support import JAX_MEMORY_STATS_KEYS, host
 
 MiB = 1 << 20
 GiB = 1 << 30
 PACKAGE_SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "bindings", "python")
-
-# Every key of JAX's Device.memory_stats() on GPU (XLA's AllocatorStats, as
-# PJRT_Device_MemoryStats_Args lists them).
-JAX_MEMORY_STATS_KEYS = [
-    "num_allocs", "bytes_in_use", "peak_bytes_in_use", "largest_alloc_size", "bytes_limit",
-    "bytes_reserved", "peak_bytes_reserved", "bytes_reservable_limit", "largest_free_block_bytes",
-    "pool_bytes", "peak_pool_bytes",
-]
-
-
-def host(**settings):
-    settings.setdefault("device", "host")
-    settings.setdefault("capacity", "1GiB")
-    return tidepool.Allocator(**settings)
-
 
 def test_with_block_closes_the_allocator():
     with host(mode="growth") as pool:

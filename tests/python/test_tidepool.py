@@ -7,22 +7,10 @@ import threading
 import pytest
 
 import tidepool
+from support import JAX_MEMORY_STATS_KEYS, host
 
 GiB = 1 << 30
 MiB = 1 << 20
-
-# JAX's Device.memory_stats() keys that tidepool reports (XLA's AllocatorStats).
-JAX_KEYS = {
-    "bytes_in_use", "peak_bytes_in_use", "num_allocs", "largest_alloc_size",
-    "bytes_limit", "bytes_reserved", "peak_bytes_reserved", "largest_free_block_bytes",
-    "pool_bytes", "peak_pool_bytes",
-}
-
-
-def host(**settings):
-    settings.setdefault("device", "host")
-    settings.setdefault("capacity", "1GiB")
-    return tidepool.Allocator(**settings)
 
 
 def test_allocate_free_and_stats():
@@ -32,7 +20,7 @@ def test_allocate_free_and_stats():
     assert isinstance(a, int) and a != 0 and a % 256 == 0
     assert a + 1000 <= b or b + MiB <= a  # live blocks do not overlap
     stats = pool.memory_stats()
-    assert JAX_KEYS <= set(stats)
+    assert set(JAX_MEMORY_STATS_KEYS) <= set(stats)
     assert stats["num_allocs"] == 2
     assert stats["bytes_in_use"] >= 1000 + MiB
     assert stats["largest_alloc_size"] >= MiB
@@ -198,7 +186,7 @@ def test_replay_workload_rows():
         assert row["seeded_blocks"] == 0 and row["seeded_bytes"] == 0  # a built-in workload starts empty
         assert row["min_limit_bytes"] is None
         assert row["ooms"] == 0 and row["first_oom"] is None
-        assert JAX_KEYS <= set(row["stats"])
+        assert set(JAX_MEMORY_STATS_KEYS) <= set(row["stats"])
         assert "series" not in row
     # platform calls the device for every allocation; the pool caches.
     assert platform["device_calls"]["allocs"] > growth["device_calls"]["allocs"]
