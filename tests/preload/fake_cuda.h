@@ -3,6 +3,7 @@
 #define TIDEPOOL_TESTS_FAKE_CUDA_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 enum {
@@ -50,6 +51,15 @@ int cuGetProcAddress(const char* symbol, void** pfn, int version, uint64_t flags
 int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
 
 void fake_cuda_get_counts(struct fake_cuda_counts* out);
+/* Prints the counts as the one "driver_calls ..." line the tests parse. */
+static inline void fake_cuda_print_counts(void) {
+  struct fake_cuda_counts counts;
+  fake_cuda_get_counts(&counts);
+  printf("driver_calls mem_alloc=%ld mem_free=%ld mem_alloc_async=%ld mem_free_async=%ld mem_create=%ld "
+         "mem_release=%ld per_thread=%ld\n",
+         counts.mem_alloc, counts.mem_free, counts.mem_alloc_async, counts.mem_free_async, counts.mem_create,
+         counts.mem_release, counts.per_thread_stream_calls);
+}
 size_t fake_cuda_used_bytes(void);
 /* Makes `device`'s context current; -1: none. */
 void fake_cuda_set_current(int device);

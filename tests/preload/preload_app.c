@@ -140,12 +140,7 @@ int main(int argc, char** argv) {
   rc = cuMemGetInfo_v2(&free_bytes, &total);
   printf("info2 %d %zu %zu\n", rc, free_bytes, total);
 
-  struct fake_cuda_counts counts;
-  fake_cuda_get_counts(&counts);
-  printf("driver_calls mem_alloc=%ld mem_free=%ld mem_alloc_async=%ld mem_free_async=%ld mem_create=%ld "
-         "mem_release=%ld per_thread=%ld\n",
-         counts.mem_alloc, counts.mem_free, counts.mem_alloc_async, counts.mem_free_async, counts.mem_create,
-         counts.mem_release, counts.per_thread_stream_calls);
+  fake_cuda_print_counts();
   printf("used %zu\n", fake_cuda_used_bytes());
   return 0;
 }

@@ -29,15 +29,6 @@ static const size_t KiB = (size_t)1 << 10;
 static const size_t MiB = (size_t)1 << 20;
 static const size_t GiB = (size_t)1 << 30;
 
-static void print_counts(void) {
-  struct fake_cuda_counts counts;
-  fake_cuda_get_counts(&counts);
-  printf("driver_calls mem_alloc=%ld mem_free=%ld mem_alloc_async=%ld mem_free_async=%ld mem_create=%ld "
-         "mem_release=%ld per_thread=%ld\n",
-         counts.mem_alloc, counts.mem_free, counts.mem_alloc_async, counts.mem_free_async, counts.mem_create,
-         counts.mem_release, counts.per_thread_stream_calls);
-}
-
 static int default_dlsym(void) {
   cuInit(0);
   void* pointer = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
@@ -58,7 +49,7 @@ static int default_dlsym(void) {
   unsigned long long direct = 0;
   const int direct_rc = cuMemAlloc_v2(&direct, MiB);
   printf("direct %d %d\n", direct_rc, cuMemFree_v2(direct));
-  print_counts();
+  fake_cuda_print_counts();
   return 0;
 }
 
@@ -78,7 +69,7 @@ static int ptds_first(void) {
   /* A legacy-stream caller of the exported names. */
   const int legacy_alloc = cuMemAllocAsync(&block, 4 * MiB, NULL);
   printf("legacy %d %d\n", legacy_alloc, cuMemFreeAsync(block, NULL));
-  print_counts();
+  fake_cuda_print_counts();
   return 0;
 }
 
@@ -99,7 +90,7 @@ static int create(void) {
   prop.location.id = 0;
   const int device0_rc = cuMemCreate(&handle, 6 * GiB, &prop, 0);
   printf("create_device0 %d %d\n", device0_rc, cuMemRelease(handle));
-  print_counts();
+  fake_cuda_print_counts();
   return 0;
 }
 
