@@ -70,6 +70,7 @@ typedef struct tidepool_stats {
   int64_t num_unmaps;
   int64_t num_stitches;
   int64_t num_releases;
+  int64_t bytes_asleep; /* since 1.1: physical bytes given back by sleeping tags */
 } tidepool_stats;
 
 /* "0.1.0": the library's version. */

@@ -222,6 +222,18 @@ class GranuleTable {
     return handle_[id];
   }
 
+  /// Live blocks that overlap granule `id`.
+  std::uint32_t uses(GranuleId id) const noexcept { return uses_[id]; }
+  /// Unmaps mapped granule `id` that live blocks still use (a sleeping tag;
+  /// the caller has unmapped it on the device), keeping its uses: it is
+  /// unmapped and used, as while a block is backed, until set_mapped().
+  PhysicalHandle take_used(GranuleId id) noexcept {
+    mapped_flag_[id] = 0;
+    count_mapped(id, -1);
+    --mapped_;
+    return handle_[id];
+  }
+
  private:
   /// The mapped counts are a Fenwick tree over mapped_flag_: a change and a
   /// prefix sum each cost log2(granules) steps.

@@ -18,6 +18,7 @@ _STAT_NAMES = (
     "bytes_reserved", "peak_bytes_reserved", "largest_free_block_bytes", "pool_bytes",
     "peak_pool_bytes", "num_device_allocs", "num_device_frees", "num_ooms", "bytes_mapped",
     "granules_free", "num_maps", "num_unmaps", "num_stitches", "num_releases",
+    "bytes_asleep",
 )  # tidepool_stats in tidepool.h, in order
 
 _installed = None  # (path, ctypes library) once use() has run
