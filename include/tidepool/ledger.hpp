@@ -169,6 +169,10 @@ struct LedgerOptions {
   bool cooperative_trim = true;
   /// The longest a short request waits for others' trims before out_of_memory.
   std::chrono::milliseconds trim_wait{2000};
+  /// The longest a wake (a batch reservation, Device::create_many) waits for
+  /// the others to free or trim before out_of_memory. It asks them to trim
+  /// again each time they have answered.
+  std::chrono::milliseconds wake_wait{10000};
   /// Period of the background thread that answers others' trim requests and
   /// refreshes this process's cached-free report (every 10 periods); it runs
   /// while trim hooks are set. 0: no thread (answer_trim_requests only).

@@ -143,32 +143,28 @@ struct LedgerDevice::State {
     if (!options.cooperative_trim) {
       return out_of_memory(bytes, format_bytes(first->bytes) + " short; cooperative trim is off");
     }
-    std::vector<Helper> helpers;
-    {
-      auto lock = segment->lock();
-      if (!lock) return std::move(lock).error();
-      helpers = helpers_locked();
-      if (!helpers.empty()) {
-        me().wanted_bytes.store(bytes, std::memory_order_relaxed);
-        me().trim_requests.fetch_add(1, std::memory_order_relaxed);
-        segment->header->trim_generation.fetch_add(1, std::memory_order_release);
-      }
-    }
-    if (helpers.empty()) {
+    Expected<std::vector<Helper>> posted = post_trim_request(bytes);
+    if (!posted) return std::move(posted).error();
+    std::vector<Helper> helpers = std::move(*posted);
+    if (helpers.empty() && !batch) {
       return out_of_memory(bytes, format_bytes(first->bytes) +
                                       " short and no other process answers trim requests");
     }
-    if (batch) me().wake_waits.fetch_add(1, std::memory_order_relaxed);
+    if (batch) {
+      // A wake waits its whole bound: the others may free later, not only trim.
+      me().wanted_bytes.store(bytes, std::memory_order_relaxed);
+      me().wake_waits.fetch_add(1, std::memory_order_relaxed);
+    }
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
-    const auto deadline = start + options.trim_wait;
+    const auto deadline = start + (batch ? options.wake_wait : options.trim_wait);
     auto pause = std::chrono::microseconds(500);
     const auto longest_pause = std::chrono::duration_cast<std::chrono::microseconds>(
         std::max(options.poll_period, std::chrono::milliseconds(1)));
     std::size_t missing = first->bytes;
     for (;;) {
       const bool answered = all_answered(helpers);
-      std::this_thread::sleep_for(answered ? std::chrono::microseconds(0) : pause);
+      std::this_thread::sleep_for(answered && !batch ? std::chrono::microseconds(0) : pause);
       pause = std::min(pause * 2, longest_pause);
       auto attempt = try_reserve(bytes);
       if (!attempt) {
@@ -177,16 +173,43 @@ struct LedgerDevice::State {
       }
       if (attempt->bytes == 0) break;
       missing = attempt->bytes;
-      if (answered || Clock::now() >= deadline) {
+      if ((answered && !batch) || Clock::now() >= deadline) {
         me().wanted_bytes.store(0, std::memory_order_relaxed);
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+        if (batch) {
+          return out_of_memory(bytes, format_bytes(missing) + " short after " + std::to_string(waited.count()) +
+                                          " ms waiting for the other processes to free or trim (the wake_wait bound)");
+        }
         return out_of_memory(bytes, format_bytes(missing) + " short after " + std::to_string(waited.count()) +
                                         " ms waiting for " + std::to_string(helpers.size()) +
                                         " process(es) to trim" + (answered ? " (all answered)" : " (timed out)"));
       }
+      if (batch && answered) {
+        // They trimmed what they had; ask again for what they freed since.
+        posted = post_trim_request(bytes);
+        if (!posted) {
+          me().wanted_bytes.store(0, std::memory_order_relaxed);
+          return std::move(posted).error();
+        }
+        helpers = std::move(*posted);
+      }
     }
     me().wanted_bytes.store(0, std::memory_order_relaxed);
     return {};
+  }
+
+  // Posts a trim request for `bytes` when another process answers them;
+  // returns those that do.
+  Expected<std::vector<Helper>> post_trim_request(std::size_t bytes) {
+    auto lock = segment->lock();
+    if (!lock) return std::move(lock).error();
+    std::vector<Helper> helpers = helpers_locked();
+    if (!helpers.empty()) {
+      me().wanted_bytes.store(bytes, std::memory_order_relaxed);
+      me().trim_requests.fetch_add(1, std::memory_order_relaxed);
+      segment->header->trim_generation.fetch_add(1, std::memory_order_release);
+    }
+    return helpers;
   }
 
   // Lock-free: only lowers the sum, which no check can be hurt by. Not in a
