@@ -238,6 +238,10 @@ struct ExpandablePool::State {
   }
   /// Unmaps and releases every mapped granule of the tag; sets bytes_asleep.
   Status release_tag(pool::Tag& tag);
+  /// Room under the limit for `count` more granules (others may have grown
+  /// into what a sleeping tag gave up): free granules released if need be;
+  /// out_of_memory when live blocks hold the rest.
+  Status make_room(const pool::Tag& tag, std::size_t count);
   /// Maps `handles` at granules `ids` (unmapped, used); on failure none is
   /// mapped and every handle is released.
   Status map_woken(const std::vector<GranuleId>& ids, const std::vector<PhysicalHandle>& handles);
@@ -805,6 +809,26 @@ Status ExpandablePool::State::release_tag(pool::Tag& tag) {
   return {};
 }
 
+Status ExpandablePool::State::make_room(const pool::Tag& tag, std::size_t count) {
+  const std::size_t wanted = count * granule;
+  if (mapped_bytes() + wanted <= bytes_limit) return {};
+  const std::size_t excess = mapped_bytes() + wanted - bytes_limit;
+  complete_held();
+  release_free(free_granule_bytes() > excess ? free_granule_bytes() - excess : 0);
+  if (mapped_bytes() + wanted <= bytes_limit) return {};
+  ++usage.num_ooms;
+  OomReport report;
+  report.requested_bytes = wanted;
+  report.bytes_in_use = static_cast<std::size_t>(usage.bytes_in_use);
+  report.bytes_reserved = mapped_bytes();
+  report.device_free_bytes = device->mem_info().free_bytes;
+  report.largest_free_block_bytes = free_granule_bytes();
+  report.hint = "the pool's limit is " + format_bytes(bytes_limit) + " and its other blocks took " +
+                format_bytes(mapped_bytes()) + " while tag " + quoted(tag.name) +
+                " slept; free them, sleep another tag, or raise TIDEPOOL_MEM_FRACTION (the tag stays asleep)";
+  return Error::out_of_memory("expandable pool: wake(" + quoted(tag.name) + ")", std::move(report));
+}
+
 Status ExpandablePool::State::map_woken(const std::vector<GranuleId>& ids, const std::vector<PhysicalHandle>& handles) {
   for (std::size_t i = 0; i < ids.size();) {
     auto* first = static_cast<char*>(address_of(ids[i]));
@@ -885,6 +909,10 @@ Status ExpandablePool::wake(std::string_view name) {
     for (GranuleId id : tag.sleeping) {
       if (!s.granules.is_mapped(id) && s.granules.uses(id) != 0) needed.push_back(id);
     }
+    if (Status room = s.make_room(tag, needed.size()); !room) {
+      s.end_change(tag, pool::TagPhase::asleep);
+      return room;
+    }
   }
   Expected<std::vector<PhysicalHandle>> handles = std::vector<PhysicalHandle>{};
   if (!needed.empty()) handles = s.device->create_many(s.granule, needed.size());
@@ -899,6 +927,12 @@ Status ExpandablePool::wake(std::string_view name) {
                                                handles.error().message() + " (the tag stays asleep)");
     }
     for (std::size_t i = 0; i < handles->size(); ++i) s.usage.reserved(s.granule);
+    Status room = s.make_room(tag, needed.size());  // again: others allocated meanwhile
+    if (!room) {
+      for (PhysicalHandle handle : *handles) s.release_handle(handle);
+      s.end_change(tag, pool::TagPhase::asleep);
+      return room;
+    }
     if (Status mapped = s.map_woken(needed, *handles); !mapped) {
       s.end_change(tag, pool::TagPhase::asleep);
       return mapped;
@@ -921,7 +955,9 @@ std::vector<TagStats> ExpandablePool::tag_stats() const {
   for (std::size_t id = 1; id <= s.tags.size(); ++id) {
     const pool::Tag& tag = s.tags.at(static_cast<pool::TagId>(id));
     const bool asleep = tag.phase == pool::TagPhase::asleep || tag.phase == pool::TagPhase::waking;
-    out.push_back({tag.name, asleep, tag.bytes_in_use, tag.bytes_asleep, tag.host.bytes, tag.sleeps, tag.wakes});
+    // The host buffer is the changing thread's while the phase changes.
+    const std::size_t host_bytes = tag.changing() ? 0 : tag.host.bytes;
+    out.push_back({tag.name, asleep, tag.bytes_in_use, tag.bytes_asleep, host_bytes, tag.sleeps, tag.wakes});
   }
   return out;
 }

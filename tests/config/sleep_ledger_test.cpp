@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -196,6 +197,7 @@ TEST(SleepLedger, AWakeThatCannotBeServedFailsWithinItsBoundNamingTheHolder) {
   auto failed = a_says.read_line(20s);
   ASSERT_TRUE(failed);
   ASSERT_EQ(failed->rfind("error ", 0), 0u) << *failed;
+  std::printf("the refused wake said: %s\n", failed->c_str());  // docs/bad-inputs.md quotes it
   const long waited_ms = std::stol(failed->substr(6));
   EXPECT_GE(waited_ms, 500) << *failed;
   EXPECT_LT(waited_ms, 5000) << *failed;

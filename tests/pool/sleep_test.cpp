@@ -258,6 +258,30 @@ TEST(Sleep, BlocksFreedWhileAsleepAreNotWoken) {
   EXPECT_EQ(free_asleep - device->mem_info().free_bytes, spanned.size() * granule);
 }
 
+TEST(Sleep, AWakeStaysUnderThePoolsLimit) {
+  auto device = host_device(1 * GiB);
+  ExpandableOptions options;
+  options.bytes_limit = 64 * MiB;
+  auto pool = ExpandablePool::create(device, options).value();
+  std::vector<Block> model;
+  {
+    auto scope = pool->tag("model").value();
+    for (unsigned i = 0; i < 10; ++i) model.push_back({static_cast<unsigned char*>(must_allocate(*pool, 4 * MiB)), 4 * MiB, i});
+  }
+  for (const Block& block : model) fill(block);
+  ASSERT_TRUE(pool->sleep("model", SleepKeep::contents));
+  void* other = must_allocate(*pool, 40 * MiB);  // into the room the model gave up
+  Status refused = pool->wake("model");
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), Errc::out_of_memory);
+  EXPECT_NE(refused.error().message().find("while tag 'model' slept"), std::string::npos) << refused.error().message();
+  EXPECT_LE(pool->stats().bytes_mapped, 64 * static_cast<std::int64_t>(MiB));
+  ASSERT_TRUE(pool->deallocate(other));  // cached free: the wake releases it to make room
+  ASSERT_TRUE(pool->wake("model"));
+  EXPECT_LE(pool->stats().bytes_mapped, 64 * static_cast<std::int64_t>(MiB));
+  expect_intact(model, "after a wake that had to make room");
+}
+
 TEST(Sleep, TrimFreesTheHostCopyKeptAfterAWake) {
   auto pool = make_expandable(host_device(256 * MiB));
   auto blocks = allocate_filled(*pool, "w", 3, 8);
