@@ -36,7 +36,7 @@ struct TagStats {
   bool asleep = false;
   std::size_t bytes_in_use = 0;  // its live blocks (rounded), asleep or not
   std::size_t bytes_asleep = 0;  // physical memory given back by its sleep: 0 while awake
-  std::size_t host_bytes = 0;    // host copy held: while asleep with contents, and kept after wake for the next sleep (trim frees it)
+  std::size_t host_bytes = 0;    // host copy held: asleep with contents, or kept for the next sleep (trim frees it)
   std::uint64_t sleeps = 0;
   std::uint64_t wakes = 0;
 };

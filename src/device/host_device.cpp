@@ -547,7 +547,8 @@ Expected<void*> HostDevice::allocate_host(std::size_t bytes) {
   if (bytes == 0) return Error(Errc::invalid_argument, state_->who() + ": allocate_host of 0 bytes");
   void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (ptr == MAP_FAILED) {
-    return Error(Errc::out_of_memory, state_->who() + ": " + os_error(("allocate_host of " + format_bytes(bytes)).c_str()));
+    return Error(Errc::out_of_memory,
+                 state_->who() + ": " + os_error(("allocate_host of " + format_bytes(bytes)).c_str()));
   }
   return ptr;
 }

@@ -653,28 +653,6 @@ std::string ExpandablePool::dump() const {
 // lock: the tag's phase keeps allocations out of it and defers its frees, so
 // none of its granules can be freed, stolen or mapped meanwhile.
 
-namespace {
-std::string quoted(std::string_view name) { return "'" + std::string(name.substr(0, kMaxTagNameBytes)) + "'"; }
-}  // namespace
-
-Expected<SleepKeep> parse_sleep_keep(std::string_view word) {
-  if (word == "contents") return SleepKeep::contents;
-  if (word == "nothing") return SleepKeep::nothing;
-  return Error(Errc::invalid_argument, "keep=" + quoted(word) + ": allowed: 'contents' (copied to host memory and "
-                                                                "back) or 'nothing' (discarded)");
-}
-
-std::string_view to_string(SleepKeep keep) noexcept { return keep == SleepKeep::contents ? "contents" : "nothing"; }
-
-Expected<TagScope> TagScope::open(Sleepable& pool, std::string_view name) {
-  if (Status begun = pool.tag_begin(name); !begun) return std::move(begun).error();
-  return TagScope(pool);
-}
-
-TagScope::~TagScope() {
-  if (pool_ != nullptr) (void)pool_->tag_end();
-}
-
 Expected<pool::Tag*> ExpandablePool::State::tag_to_allocate(pool::TagId id, std::size_t bytes) {
   if (!tags.exists(id)) {
     return Error(Errc::invalid_argument, "expandable pool: allocate of " + format_bytes(bytes) +
@@ -683,7 +661,7 @@ Expected<pool::Tag*> ExpandablePool::State::tag_to_allocate(pool::TagId id, std:
   pool::Tag& tag = tags.at(id);
   if (tag.phase != pool::TagPhase::awake) {
     return Error(Errc::invalid_argument, "expandable pool: allocate of " + format_bytes(bytes) + " in tag " +
-                                             quoted(tag.name) + ": the tag is " + pool::to_string(tag.phase) +
+                                             pool::quoted_tag(tag.name) + ": the tag is " + pool::to_string(tag.phase) +
                                              "; wake it first");
   }
   return &tag;
@@ -696,7 +674,7 @@ Status ExpandablePool::State::free_tagged(const Space& space, void* ptr, Stream 
     const std::size_t bytes = arena.live_size(ptr);
     if (bytes == 0 || tag.free_deferred(ptr)) {
       return Error(tag.free_deferred(ptr) ? Errc::double_free : Errc::invalid_pointer,
-                   "expandable pool: free of " + format_address(ptr) + " in tag " + quoted(tag.name) +
+                   "expandable pool: free of " + format_address(ptr) + " in tag " + pool::quoted_tag(tag.name) +
                        ": not a live block of the tag (freed already, or not a block's start)");
     }
     tag.deferred_frees.emplace_back(ptr, stream);
@@ -719,12 +697,12 @@ Expected<pool::Tag*> ExpandablePool::State::begin_change(const char* op, std::st
   std::lock_guard lock(mutex);
   const pool::TagId id = tags.find(name);
   if (id == pool::kUntagged) {
-    return Error(Errc::invalid_argument, std::string("expandable pool: ") + op + "(" + quoted(name) +
+    return Error(Errc::invalid_argument, std::string("expandable pool: ") + op + "(" + pool::quoted_tag(name) +
                                              "): no tag of that name (tags: " + tags.names() + ")");
   }
   pool::Tag& tag = tags.at(id);
   if (tag.phase != from) {
-    return Error(Errc::invalid_argument, std::string("expandable pool: ") + op + "(" + quoted(name) +
+    return Error(Errc::invalid_argument, std::string("expandable pool: ") + op + "(" + pool::quoted_tag(name) +
                                              "): the tag is " + pool::to_string(tag.phase));
   }
   tag.phase = to;
@@ -824,9 +802,9 @@ Status ExpandablePool::State::make_room(const pool::Tag& tag, std::size_t count)
   report.device_free_bytes = device->mem_info().free_bytes;
   report.largest_free_block_bytes = free_granule_bytes();
   report.hint = "the pool's limit is " + format_bytes(bytes_limit) + " and its other blocks took " +
-                format_bytes(mapped_bytes()) + " while tag " + quoted(tag.name) +
+                format_bytes(mapped_bytes()) + " while tag " + pool::quoted_tag(tag.name) +
                 " slept; free them, sleep another tag, or raise TIDEPOOL_MEM_FRACTION (the tag stays asleep)";
-  return Error::out_of_memory("expandable pool: wake(" + quoted(tag.name) + ")", std::move(report));
+  return Error::out_of_memory("expandable pool: wake(" + pool::quoted_tag(tag.name) + ")", std::move(report));
 }
 
 Status ExpandablePool::State::map_woken(const std::vector<GranuleId>& ids, const std::vector<PhysicalHandle>& handles) {
@@ -852,7 +830,8 @@ Status ExpandablePool::State::map_woken(const std::vector<GranuleId>& ids, const
 
 Status ExpandablePool::tag_begin(std::string_view name) {
   if (name.empty() || name.size() > kMaxTagNameBytes) {
-    return Error(Errc::invalid_argument, "expandable pool: tag " + quoted(name) + " (" + std::to_string(name.size()) +
+    return Error(Errc::invalid_argument, "expandable pool: tag " + pool::quoted_tag(name) + " (" +
+                                             std::to_string(name.size()) +
                                              " bytes): a tag's name is 1 to " + std::to_string(kMaxTagNameBytes) +
                                              " bytes");
   }
@@ -889,7 +868,8 @@ Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
   if (!saved) {
     tag.sleeping.clear();
     s.end_change(tag, pool::TagPhase::awake);
-    return Error(saved.error().code(), "expandable pool: sleep(" + quoted(name) + "): " + saved.error().message() +
+    return Error(saved.error().code(), "expandable pool: sleep(" + pool::quoted_tag(name) +
+                                           "): " + saved.error().message() +
                                            " (the tag stays awake)");
   }
   Status released = s.release_tag(tag);
@@ -922,7 +902,7 @@ Status ExpandablePool::wake(std::string_view name) {
     if (!handles) {
       if (handles.error().code() == Errc::out_of_memory) ++s.usage.num_ooms;
       s.end_change(tag, pool::TagPhase::asleep);
-      return Error(handles.error().code(), "expandable pool: wake(" + quoted(name) + ") of " +
+      return Error(handles.error().code(), "expandable pool: wake(" + pool::quoted_tag(name) + ") of " +
                                                format_bytes(needed.size() * s.granule) + ": " +
                                                handles.error().message() + " (the tag stays asleep)");
     }

@@ -39,6 +39,12 @@ inline const char* to_string(TagPhase phase) noexcept {
   return "?";
 }
 
+/// 'name' as messages quote a tag (or a word given for one), cut to a tag's
+/// longest name.
+inline std::string quoted_tag(std::string_view name) {
+  return "'" + std::string(name.substr(0, kMaxTagNameBytes)) + "'";
+}
+
 /// Host memory from Device::allocate_host.
 struct HostBuffer {
   void* ptr = nullptr;

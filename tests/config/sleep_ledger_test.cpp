@@ -32,7 +32,9 @@ std::unique_ptr<Allocator> shared_pool(const std::string& segment, std::chrono::
   return with_ledger_trim_hooks(Mode::expandable, std::move(pool));
 }
 
-unsigned char pattern(std::size_t block, std::size_t i) { return static_cast<unsigned char>(i * 7 + block * 13 + (i >> 12)); }
+unsigned char pattern(std::size_t block, std::size_t i) {
+  return static_cast<unsigned char>(i * 7 + block * 13 + (i >> 12));
+}
 
 /// Process A's model: kModelBlocks blocks in tag "model", each with its pattern.
 std::vector<unsigned char*> allocate_model(Allocator& pool) {

@@ -61,7 +61,8 @@ std::vector<Block> allocate_filled(ExpandablePool& pool, const std::string& tag,
   std::vector<Block> blocks;
   for (int i = 0; i < count; ++i) {
     const std::size_t bytes = sizes[random() % std::size(sizes)];
-    blocks.push_back({static_cast<unsigned char*>(must_allocate(pool, bytes)), bytes, seed * 1000 + static_cast<unsigned>(i)});
+    auto* ptr = static_cast<unsigned char*>(must_allocate(pool, bytes));
+    blocks.push_back({ptr, bytes, seed * 1000 + static_cast<unsigned>(i)});
     fill(blocks.back());
   }
   return blocks;
@@ -139,7 +140,9 @@ TEST(Sleep, BlocksOfOneTagShareNoGranuleWithOthers) {
   for (const auto& [tag, mine] : granules) {
     for (const auto& [other, theirs] : granules) {
       if (tag == other) continue;
-      for (std::uintptr_t g : mine) ASSERT_EQ(theirs.count(g), 0u) << "tags '" << tag << "' and '" << other << "' share a granule";
+      for (std::uintptr_t g : mine) {
+        ASSERT_EQ(theirs.count(g), 0u) << "tags '" << tag << "' and '" << other << "' share a granule";
+      }
     }
   }
 }
@@ -266,7 +269,9 @@ TEST(Sleep, AWakeStaysUnderThePoolsLimit) {
   std::vector<Block> model;
   {
     auto scope = pool->tag("model").value();
-    for (unsigned i = 0; i < 10; ++i) model.push_back({static_cast<unsigned char*>(must_allocate(*pool, 4 * MiB)), 4 * MiB, i});
+    for (unsigned i = 0; i < 10; ++i) {
+      model.push_back({static_cast<unsigned char*>(must_allocate(*pool, 4 * MiB)), 4 * MiB, i});
+    }
   }
   for (const Block& block : model) fill(block);
   ASSERT_TRUE(pool->sleep("model", SleepKeep::contents));
