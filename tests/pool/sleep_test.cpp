@@ -341,6 +341,16 @@ TEST(Sleep, SleepAndWakeRunBesideAllocationsOfOtherTags) {
       if (!pool->deallocate(block.ptr)) ++failures;
     }
   });
+  // A second tag sleeps and wakes on its own thread at the same time.
+  auto second = allocate_filled(*pool, "second", 31, 8);
+  workers.emplace_back([&] {
+    for (int round = 0; round < 20; ++round) {
+      if (!pool->sleep("second", SleepKeep::contents) || !pool->wake("second")) ++failures;
+      for (const Block& block : second) {
+        if (first_difference(block) != block.bytes) ++failures;
+      }
+    }
+  });
   for (int round = 0; round < 20; ++round) {
     ASSERT_TRUE(pool->sleep("sleeper", SleepKeep::contents));
     ASSERT_TRUE(pool->wake("sleeper"));
