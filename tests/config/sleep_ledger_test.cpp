@@ -174,7 +174,8 @@ TEST(SleepLedger, BKilledWhileAWaitsLetsTheWakeProceed) {
   ASSERT_EQ(a_says.read_line(20s), "waking");
   ASSERT_TRUE(wait_until(
       [&] {
-        const LedgerEntryInfo* entry = entry_of(snapshot_of(segment), a.pid());
+        const LedgerSnapshot now = snapshot_of(segment);
+        const LedgerEntryInfo* entry = entry_of(now, a.pid());
         return entry != nullptr && entry->wanted_bytes != 0;
       },
       10s))
