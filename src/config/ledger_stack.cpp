@@ -91,6 +91,7 @@ Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
   LedgerOptions options;
   options.mode = config.ledger_mode.value;
   options.segment_name = config.ledger_name.value;
+  options.wake_wait = config.wake_wait.value;
   if (config.quota.value) {
     const std::size_t total = device->mem_info().total_bytes;
     options.quota_bytes = config.quota.value->resolve(total);

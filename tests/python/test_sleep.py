@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -74,6 +75,52 @@ def test_other_modes_say_what_is_needed():
     pool = host(mode="growth")
     with pytest.raises(tidepool.UnsupportedError, match="need mode='expandable'"):
         with pool.tag("weights"):
+            pass
+
+
+HOLDER = textwrap.dedent("""
+    import sys, tidepool
+    pool = tidepool.Allocator.from_env()
+    address = pool.allocate(48 << 20)   # held, in use: nothing to trim
+    print("ready", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def shared_host(monkeypatch, segment, **extra):
+    settings = {"TIDEPOOL_ALLOCATOR": "expandable", "TIDEPOOL_DEVICE": "host", "TIDEPOOL_HOST_CAPACITY": "64MiB",
+                "TIDEPOOL_MEM_FRACTION": "1", "TIDEPOOL_LEDGER": "true", "TIDEPOOL_LEDGER_NAME": segment, **extra}
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_wake_fails_within_tidepool_wake_wait(monkeypatch):
+    segment = f"/tidepool-pytest-wake-wait-{os.getpid()}"
+    shared_host(monkeypatch, segment, TIDEPOOL_WAKE_WAIT="300ms")
+    pool = tidepool.Allocator.from_env()
+    holder = None
+    try:
+        with pool.tag("model"):
+            pool.allocate(32 * MiB)
+        pool.sleep("model")
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        assert holder.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        with pytest.raises(tidepool.OutOfMemoryError, match=r"wake\('model'\).*waiting for the other processes") as refused:
+            pool.wake("model")
+        waited = time.monotonic() - started
+        assert 0.3 <= waited < 5, waited  # the variable's bound, not the 10 s default
+        assert f"pid {holder.pid}" in str(refused.value)
+        assert pool.tag_stats()["model"]["asleep"] is True
+    finally:
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait(timeout=30)
+        pool.close()
+        try:
+            os.unlink("/dev/shm" + segment)
+        except FileNotFoundError:
             pass
 
 
