@@ -225,9 +225,10 @@ struct ExpandablePool::State {
   Expected<pool::Tag*> begin_change(const char* op, std::string_view name, pool::TagPhase from, pool::TagPhase to);
   /// Sets the tag's phase and does the frees deferred while it changed.
   void end_change(pool::Tag& tag, pool::TagPhase phase);
-  /// The granules of the tag's address space that are mapped, with live
-  /// blocks in them (`used`) or all of them; ascending.
-  std::vector<GranuleId> tag_granules(pool::TagId id, bool used_only) const;
+  /// The granules under the tag's live blocks, ascending.
+  std::vector<GranuleId> granules_under(const pool::Tag& tag) const;
+  /// The mapped granules of the tag's address space, ascending.
+  std::vector<GranuleId> mapped_granules(pool::TagId id) const;
   /// Waits for the tag's streams and copies `runs` to its host buffer
   /// (made or grown first). Unlocked: the tag's phase keeps others off it.
   Status save_contents(pool::Tag& tag, SleepKeep keep, const std::vector<pool::CopyRun>& runs);
@@ -550,6 +551,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   s.usage.allocated(block->bytes);
   if (tag != nullptr) {
     tag->bytes_in_use += block->bytes;
+    tag->live.emplace(base, block->bytes);
     tag->note_stream(stream);
   }
   return block->base;
@@ -686,6 +688,7 @@ Status ExpandablePool::State::free_tagged(const Space& space, void* ptr, Stream 
   if (!freed) return std::move(freed).error();
   note_free(stream);
   unback(space, reinterpret_cast<std::uintptr_t>(ptr), *freed, stream);  // asleep: unmapped granules stay so
+  tag.live.erase(reinterpret_cast<std::uintptr_t>(ptr));
   usage.freed(*freed);
   tag.bytes_in_use -= *freed;
   if (free_granule_bytes() > options.release_threshold) release_free(options.release_threshold);
@@ -718,17 +721,33 @@ void ExpandablePool::State::end_change(pool::Tag& tag, pool::TagPhase phase) {
     if (!freed) continue;
     note_free(stream);
     unback(space, address, *freed, stream);
+    tag.live.erase(address);
   }
   tag.deferred_frees.clear();
 }
 
-std::vector<GranuleId> ExpandablePool::State::tag_granules(pool::TagId id, bool used_only) const {
+std::vector<GranuleId> ExpandablePool::State::granules_under(const pool::Tag& tag) const {
+  std::vector<GranuleId> ids;
+  for (const auto& [base, bytes] : tag.live) {
+    const Space& space = *space_of(base);
+    const GranuleId last = granule_of(space, base + bytes - 1);
+    GranuleId g = granule_of(space, base);
+    if (!ids.empty() && ids.back() == g) ++g;  // shared with the block below
+    for (; g <= last; ++g) ids.push_back(g);
+  }
+  // Ids follow the order spaces were reserved in, not their addresses.
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+std::vector<GranuleId> ExpandablePool::State::mapped_granules(pool::TagId id) const {
   std::vector<GranuleId> ids;
   for (const Space& space : spaces) {
     if (space.tag != id) continue;
     const auto end = static_cast<GranuleId>(space.first + space.bytes / granule);
     for (GranuleId g = space.first; g < end; ++g) {
-      if (granules.is_mapped(g) && (!used_only || granules.uses(g) != 0)) ids.push_back(g);
+      if (granules.is_mapped(g)) ids.push_back(g);
     }
   }
   return ids;
@@ -769,8 +788,9 @@ Status ExpandablePool::State::restore_contents(pool::Tag& tag, const std::vector
 Status ExpandablePool::State::release_tag(pool::Tag& tag) {
   std::optional<Error> failed;  // the first refusal; the granule stays mapped, awake
   tag.bytes_asleep = 0;
-  for (GranuleId id : tag_granules(tag.id, false)) {
-    if (granules.uses(id) == 0) {
+  const std::vector<GranuleId> used = granules_under(tag);
+  for (GranuleId id : mapped_granules(tag.id)) {
+    if (!std::binary_search(used.begin(), used.end(), id)) {  // free: no live block in it
       Expected<PhysicalHandle> handle = unmap_free(id);
       if (handle) release_handle(*handle);
       continue;
@@ -859,7 +879,7 @@ Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
   std::vector<pool::CopyRun> runs;
   {
     std::lock_guard lock(s.mutex);
-    tag.sleeping = s.tag_granules(tag.id, true);
+    tag.sleeping = s.granules_under(tag);  // all mapped: the tag was awake
     tag.kept = keep;
     if (keep == SleepKeep::contents) runs = s.copy_runs(tag.sleeping, tag.sleeping);
   }
@@ -886,8 +906,8 @@ Status ExpandablePool::wake(std::string_view name) {
   std::vector<GranuleId> needed;  // slept under live blocks, not freed since
   {
     std::lock_guard lock(s.mutex);
-    for (GranuleId id : tag.sleeping) {
-      if (!s.granules.is_mapped(id) && s.granules.uses(id) != 0) needed.push_back(id);
+    for (GranuleId id : s.granules_under(tag)) {  // a subset of tag.sleeping: frees only since
+      if (!s.granules.is_mapped(id)) needed.push_back(id);
     }
     if (Status room = s.make_room(tag, needed.size()); !room) {
       s.end_change(tag, pool::TagPhase::asleep);

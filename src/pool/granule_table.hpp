@@ -222,8 +222,6 @@ class GranuleTable {
     return handle_[id];
   }
 
-  /// Live blocks that overlap granule `id`.
-  std::uint32_t uses(GranuleId id) const noexcept { return uses_[id]; }
   /// Unmaps mapped granule `id` that live blocks still use (a sleeping tag;
   /// the caller has unmapped it on the device), keeping its uses: it is
   /// unmapped and used, as while a block is backed, until set_mapped().

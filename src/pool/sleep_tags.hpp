@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -71,6 +72,10 @@ struct Tag {
   /// Frees while the phase changes, done when it has changed: the granules
   /// under the tag's blocks must not be freed (and stolen) mid-copy.
   std::vector<std::pair<void*, Stream>> deferred_frees;
+  /// The tag's live blocks (address -> chunk bytes): the granules under them
+  /// are what a sleep copies and a wake brings back. A deferred free leaves
+  /// its block here until it is done.
+  std::map<std::uintptr_t, std::size_t> live;
   std::size_t bytes_in_use = 0;
   std::uint64_t sleeps = 0;
   std::uint64_t wakes = 0;
@@ -162,7 +167,8 @@ std::vector<CopyRun> copy_runs(const std::vector<GranuleId>& ids, const std::vec
   std::vector<CopyRun> runs;
   std::size_t position = 0;
   for (GranuleId id : ids) {
-    while (order[position] != id) ++position;
+    while (position < order.size() && order[position] != id) ++position;
+    if (position == order.size()) break;  // not in the host layout (the caller keeps ids a subset)
     auto* address = static_cast<char*>(address_of(id));
     if (!runs.empty()) {
       CopyRun& last = runs.back();
