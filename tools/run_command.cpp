@@ -1,8 +1,9 @@
-// `tidepool run [--quota 40%] [--ledger NAME] -- COMMAND...`: runs an
-// unmodified program with the interposer (libtidepool_preload.so) preloaded,
-// so that its CUDA driver allocations are accounted in the cross-process
-// ledger under its quota and cuMemGetInfo reports the quota as the device.
-// docs/interop.md.
+// `tidepool run [--quota 40%] [--ledger NAME] [--record FILE] -- COMMAND...`:
+// runs an unmodified program with the interposer (libtidepool_preload.so)
+// preloaded, so that its CUDA driver allocations are accounted in the
+// cross-process ledger under its quota, cuMemGetInfo reports the quota as the
+// device, and --record writes them to a trace. docs/interop.md.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,6 +27,7 @@ struct RunOptions {
   std::string quota;
   std::string ledger;
   std::string preload;
+  std::string record;
   std::vector<std::string> command;
 };
 
@@ -63,6 +65,32 @@ Status set_variable(const char* name, const std::string& value) {
   return {};
 }
 
+/// `name=value` unless the user set `name`; says which on stderr.
+Status set_unless_given(const char* name, const char* value, const char* why) {
+  if (const char* given = std::getenv(name); given != nullptr) {
+    std::fprintf(stderr, "tidepool: %s=%s is kept as you set it (tidepool would set %s: %s)\n", name, given, value,
+                 why);
+    return {};
+  }
+  std::fprintf(stderr, "tidepool: setting %s=%s (%s)\n", name, value, why);
+  return set_variable(name, value);
+}
+
+/// --record FILE: the interposer writes FILE (this process becomes the
+/// program: its pid is the program's) and FILE.PID from other processes.
+/// The frameworks are asked to allocate each buffer from the driver.
+Status prepare_record(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Error(Errc::io_error, "--record '" + file + "': cannot write it: " + std::strerror(errno));
+  ::close(fd);
+  const std::string path = std::filesystem::absolute(file).string();  // the program may change directory
+  if (Status set = set_variable("TIDEPOOL_RECORD", path); !set) return set;
+  if (Status set = set_variable("TIDEPOOL_RECORD_PID", std::to_string(::getpid())); !set) return set;
+  const char* per_buffer = "so that the trace holds each buffer, not the framework's pool";
+  if (Status set = set_unless_given("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", per_buffer); !set) return set;
+  return set_unless_given("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", per_buffer);
+}
+
 int run(const RunOptions& options) {
   if (!options.quota.empty()) {
     if (Status set = set_variable("TIDEPOOL_QUOTA", options.quota); !set) return report_error(set.error());
@@ -83,6 +111,9 @@ int run(const RunOptions& options) {
   }
   auto preload = find_preload(options.preload);
   if (!preload) return report_error(preload.error());
+  if (!options.record.empty()) {
+    if (Status prepared = prepare_record(options.record); !prepared) return report_error(prepared.error());
+  }
   std::string preloads = *preload;
   if (const char* existing = std::getenv("LD_PRELOAD"); existing != nullptr && *existing != '\0')
     preloads += std::string(":") + existing;
@@ -108,9 +139,16 @@ int run(const RunOptions& options) {
       app.add_option("--ledger", options->ledger,
                      "The ledger segment's name (default: one per GPU, shared with every tidepool "
                      "process); processes share memory only within one ledger");
+      app.add_option("--record", options->record,
+                     "Write every device allocation and free the program makes to FILE, in tidepool's trace "
+                     "format (tidepool replay FILE compares the modes on it); other processes it starts write "
+                     "FILE.PID. Sets XLA_PYTHON_CLIENT_ALLOCATOR=platform and PYTORCH_NO_CUDA_MEMORY_CACHING=1 "
+                     "unless set")
+          ->type_name("FILE");
       app.add_option("--preload", options->preload, "The interposer library (default: found beside tidepool)");
       app.add_option("command", options->command, "The program and its arguments, after --")->required();
-      app.footer("Example: tidepool run --quota 45% -- python train.py");
+      app.footer("Examples: tidepool run --quota 45% -- python train.py\n"
+                 "          tidepool run --record train.trace -- python train.py; tidepool replay train.trace");
       return [options] { return run(*options); };
     });
 

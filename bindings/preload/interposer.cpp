@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "driver_abi.hpp"
+#include "trace_file.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/device.hpp"
 #include "tidepool/ledger.hpp"
@@ -277,6 +278,7 @@ class Interposer {
   static Interposer& instance() {
     static Interposer* const interposer = [] {
       auto* created = new Interposer();
+      created->trace_ = TraceFile::from_env();
       std::atexit([] { instance().shut_down(); });
       pthread_atfork(nullptr, nullptr, [] { instance().forget_after_fork(); });
       return created;
@@ -284,10 +286,30 @@ class Interposer {
     return *interposer;
   }
 
-  /// Reserves `bytes` on `device` in the ledger, then makes `call`; records
-  /// `key` (an address or a handle) when both succeed.
-  CUresult allocate(CUdevice device, std::size_t bytes, bool physical, const std::function<CUresult()>& call,
-                    const std::function<unsigned long long()>& key) {
+  /// Reserves `bytes` on `device` in the ledger, then makes `call` (on
+  /// `stream`); records `key` (an address or a handle) when both succeed.
+  CUresult allocate(CUdevice device, std::size_t bytes, bool physical, CUstream stream,
+                    const std::function<CUresult()>& call, const std::function<unsigned long long()>& key) {
+    const CUresult result = allocate_accounted(device, bytes, physical, call, key);
+    if (trace_ == nullptr) return result;
+    if (result != CUDA_SUCCESS)
+      trace_->failed_allocation();
+    else
+      trace_->allocated(physical, key(), bytes, stream, device);
+    return result;
+  }
+
+  /// Makes `call` (a free or release of `key`, on `stream`) and releases
+  /// what the allocation reserved.
+  CUresult free(bool physical, unsigned long long key, CUstream stream, const std::function<CUresult()>& call) {
+    const CUresult result = free_accounted(physical, key, call);
+    if (trace_ != nullptr && result == CUDA_SUCCESS) trace_->freed(physical, key, stream);
+    return result;
+  }
+
+ private:
+  CUresult allocate_accounted(CUdevice device, std::size_t bytes, bool physical,
+                              const std::function<CUresult()>& call, const std::function<unsigned long long()>& key) {
     LedgerDevice* ledger = ledger_for(device);
     if (ledger == nullptr) return refused_without_ledger(call);
     Expected<bool> done = in_flight(call, [&]() -> Expected<bool> {
@@ -310,10 +332,9 @@ class Interposer {
     return CUDA_SUCCESS;
   }
 
-  /// Makes `call` (a free or release of `key`) and releases what the
-  /// allocation reserved. Keys this library did not record (allocated before
-  /// it was loaded, or passed through) are only forwarded.
-  CUresult free(bool physical, unsigned long long key, const std::function<CUresult()>& call) {
+  /// Keys this library did not record (allocated before it was loaded, or
+  /// passed through) are only forwarded.
+  CUresult free_accounted(bool physical, unsigned long long key, const std::function<CUresult()>& call) {
     std::optional<Allocation> allocation;
     {
       std::lock_guard lock(mutex_);
@@ -337,6 +358,7 @@ class Interposer {
     return t_driver_result == kNotCalled ? call() : t_driver_result;
   }
 
+ public:
   /// cuMemGetInfo_v2 as the ledger reports it for the current device.
   CUresult mem_info(std::size_t* free_bytes, std::size_t* total_bytes, const std::function<CUresult()>& call) {
     CUdevice device = 0;
@@ -460,6 +482,7 @@ class Interposer {
   }
 
   void shut_down() {
+    if (trace_ != nullptr) trace_->flush(/*last=*/true);
     std::map<CUdevice, std::shared_ptr<LedgerDevice>> ledgers;
     {
       std::lock_guard lock(mutex_);
@@ -481,6 +504,7 @@ class Interposer {
     handles_.clear();
     said_failed_.clear();
     new (&mutex_) std::mutex();  // another thread may have held it at fork
+    if (trace_ != nullptr) trace_->restart_after_fork();
   }
 
   std::mutex mutex_;
@@ -490,6 +514,7 @@ class Interposer {
   std::map<CUdeviceptr, Allocation> addresses_;
   std::map<CUmemGenericAllocationHandle, Allocation> handles_;
   std::size_t refusals_ = 0;
+  TraceFile* trace_ = nullptr;  // --record: null when not recording
 };
 
 // --- the wrappers, one instance per function and slot ------------------------
@@ -505,14 +530,14 @@ CUresult alloc_wrapper(CUdeviceptr* dptr, std::size_t bytes) {
   if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
     return real(dptr, bytes);  // the driver's own answer
   return interposer.allocate(
-      device, bytes, false, [&] { return real(dptr, bytes); }, [&] { return *dptr; });
+      device, bytes, false, nullptr, [&] { return real(dptr, bytes); }, [&] { return *dptr; });
 }
 
 template <Fn F, int S>
 CUresult free_wrapper(CUdeviceptr dptr) {
   auto real = real_of<MemFreeFn>(F, S);
   if (real == nullptr) return not_found();
-  return Interposer::instance().free(false, dptr, [&] { return real(dptr); });
+  return Interposer::instance().free(false, dptr, nullptr, [&] { return real(dptr); });
 }
 
 template <Fn F, int S>
@@ -531,7 +556,7 @@ CUresult alloc_async_wrapper(CUdeviceptr* dptr, std::size_t bytes, CUstream stre
   if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
     return real(dptr, bytes, stream);
   return interposer.allocate(
-      device, bytes, false, [&] { return real(dptr, bytes, stream); }, [&] { return *dptr; });
+      device, bytes, false, stream, [&] { return real(dptr, bytes, stream); }, [&] { return *dptr; });
 }
 
 template <Fn F, int S>
@@ -543,14 +568,14 @@ CUresult alloc_from_pool_wrapper(CUdeviceptr* dptr, std::size_t bytes, CUmemoryP
   if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
     return real(dptr, bytes, pool, stream);
   return interposer.allocate(
-      device, bytes, false, [&] { return real(dptr, bytes, pool, stream); }, [&] { return *dptr; });
+      device, bytes, false, stream, [&] { return real(dptr, bytes, pool, stream); }, [&] { return *dptr; });
 }
 
 template <Fn F, int S>
 CUresult free_async_wrapper(CUdeviceptr dptr, CUstream stream) {
   auto real = real_of<MemFreeAsyncFn>(F, S);
   if (real == nullptr) return not_found();
-  return Interposer::instance().free(false, dptr, [&] { return real(dptr, stream); });
+  return Interposer::instance().free(false, dptr, stream, [&] { return real(dptr, stream); });
 }
 
 template <Fn F, int S>
@@ -564,14 +589,15 @@ CUresult create_wrapper(CUmemGenericAllocationHandle* handle, std::size_t bytes,
       interposer.stopped())
     return real(handle, bytes, prop, flags);
   return interposer.allocate(
-      prop->location.id, bytes, true, [&] { return real(handle, bytes, prop, flags); }, [&] { return *handle; });
+      prop->location.id, bytes, true, nullptr, [&] { return real(handle, bytes, prop, flags); },
+      [&] { return *handle; });
 }
 
 template <Fn F, int S>
 CUresult release_wrapper(CUmemGenericAllocationHandle handle) {
   auto real = real_of<MemReleaseFn>(F, S);
   if (real == nullptr) return not_found();
-  return Interposer::instance().free(true, handle, [&] { return real(handle); });
+  return Interposer::instance().free(true, handle, nullptr, [&] { return real(handle); });
 }
 
 template <Fn F, int S>

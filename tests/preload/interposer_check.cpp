@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tidepool/ledger.hpp"
+#include "tidepool/trace_io.hpp"
 
 namespace {
 
@@ -48,7 +49,7 @@ class Child {
     stderr_fd_ = err[0];
   }
   ~Child() {
-    if (pid_ > 0 && status_ < 0) finish();
+    if (pid_ > 0 && !finished_) finish();
   }
 
   /// Reads output lines until one equals `line` (true) or the output ends.
@@ -68,6 +69,7 @@ class Child {
   }
   /// Reads the rest, waits; returns the exit status (-1 on a signal).
   int finish() {
+    finished_ = true;  // once: a status of -1 (killed by a signal) is finished too
     read_until("\x01never");
     std::fclose(stdin_);
     std::fclose(stdout_);
@@ -110,6 +112,7 @@ class Child {
 
   pid_t pid_ = -1;
   int status_ = -1;
+  bool finished_ = false;
   FILE* stdin_ = nullptr;
   FILE* stdout_ = nullptr;
   int stderr_fd_ = -1;
@@ -335,6 +338,95 @@ TEST(Interposer, NewerRevisionsAreNotWrappedBlindly) {
   EXPECT_EQ(run.app.number("future_alloc"), 0);  // 2 GiB past the 1 GiB quota: not accounted
   EXPECT_NE(run.app.errors().find("cuGetProcAddress(\"cuMemAlloc\", cudaVersion=99000)"), std::string::npos)
       << run.app.errors();
+}
+
+/// A file name for a recorded trace, removed (with FILE.PID files) at the end.
+struct TraceFiles {
+  explicit TraceFiles(const char* what) : path("/tmp/tidepool-record-" + std::string(what) + "-" + std::to_string(getpid())) {}
+  ~TraceFiles() {
+    std::remove(path.c_str());
+    for (const auto& child : children) std::remove(child.c_str());
+  }
+  std::string child(long long pid) { return children.emplace_back(path + "." + std::to_string(pid)); }
+  std::string path;
+  std::vector<std::string> children;
+};
+
+tidepool::trace::TraceSummary summary_of(const std::string& path) {
+  auto trace = tidepool::trace::read_trace(path);
+  EXPECT_TRUE(trace) << trace.error().message();
+  if (!trace) return {};
+  auto summary = tidepool::trace::summarize(*trace);
+  EXPECT_TRUE(summary) << summary.error().message();
+  return summary ? *summary : tidepool::trace::TraceSummary{};
+}
+
+TEST(Record, APatternReplaysToItsPeakLive) {
+  TraceFiles files("pattern");
+  const std::string ledger = segment_name("record");
+  RemoveSegment cleanup{ledger};
+  unsetenv("XLA_PYTHON_CLIENT_ALLOCATOR");
+  setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "0", 1);  // the user's own setting is kept
+  Child app({TIDEPOOL_CLI, "run", "--ledger", ledger, "--record", files.path, "--", RECORD_APP, "pattern"});
+  unsetenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  for (const char* step : {"streams", "segment", "small", "child_status", "kept"})
+    EXPECT_EQ(app.number(step), 0) << step;
+  EXPECT_NE(app.errors().find("setting XLA_PYTHON_CLIENT_ALLOCATOR=platform"), std::string::npos) << app.errors();
+  EXPECT_NE(app.errors().find("PYTORCH_NO_CUDA_MEMORY_CACHING=0 is kept as you set it"), std::string::npos)
+      << app.errors();
+
+  auto trace = tidepool::trace::read_trace(files.path);
+  ASSERT_TRUE(trace) << trace.error().message();
+  // 4 on two streams, the cuMemCreate, 3000 small ones (past the 64 KiB
+  // buffer), and the 1 MiB kept; all but that one freed.
+  EXPECT_EQ(trace->num_blocks, 4u + 1 + 3000 + 1);
+  EXPECT_EQ(trace->events.size(), 2 * trace->num_blocks - 1);
+  ASSERT_GE(trace->events.size(), 8u);
+  const std::vector<std::pair<tidepool::trace::Op, tidepool::Stream>> first = {
+      {tidepool::trace::Op::alloc, 0},      {tidepool::trace::Op::alloc, 0x1000}, {tidepool::trace::Op::alloc, 0x2000},
+      {tidepool::trace::Op::free, 0x1000},  {tidepool::trace::Op::alloc, 0x2000}, {tidepool::trace::Op::free, 0},
+      {tidepool::trace::Op::free, 0x2000},  {tidepool::trace::Op::free, 0x1000}};
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(trace->events[i].op, first[i].first) << i;
+    EXPECT_EQ(trace->events[i].stream, first[i].second) << i;
+    EXPECT_GT(trace->events[i].time_us, 0) << i;
+  }
+  const auto summary = summary_of(files.path);
+  EXPECT_EQ(summary.peak_live_bytes, 8 * MiB);
+  EXPECT_EQ(summary.live_bytes_at_end, MiB);
+
+  // The child wrote its own trace, FILE.PID.
+  const auto child = summary_of(files.child(app.number("child_pid")));
+  EXPECT_EQ(child.allocs, 2u);
+  EXPECT_EQ(child.peak_live_bytes, 11 * MiB);
+
+  // tidepool replay compares the modes on it, to the same peak live.
+  Child replay({TIDEPOOL_CLI, "replay", files.path});
+  ASSERT_EQ(replay.finish(), 0) << replay.errors();
+  EXPECT_TRUE(replay.has(files.path)) << replay.errors();
+  EXPECT_NE(replay.text(files.path).find("peak live 8.00 MiB"), std::string::npos) << replay.text(files.path);
+}
+
+TEST(Record, TheTraceSurvivesSigterm) {
+  TraceFiles files("sigterm");
+  const std::string ledger = segment_name("record-term");
+  RemoveSegment cleanup{ledger};
+  Child app({TIDEPOOL_CLI, "run", "--ledger", ledger, "--record", files.path, "--", RECORD_APP, "sigterm"});
+  EXPECT_EQ(app.finish(), -1) << app.errors();  // killed by SIGTERM, as without tidepool
+  EXPECT_TRUE(app.has("terminating"));
+  EXPECT_FALSE(app.has("survived"));
+  const auto summary = summary_of(files.path);
+  EXPECT_EQ(summary.allocs, 10u);
+  EXPECT_EQ(summary.peak_live_bytes, 10 * MiB);
+}
+
+TEST(Record, AnUnwritableFileIsRefusedBeforeTheProgramStarts) {
+  Child app({TIDEPOOL_CLI, "run", "--record", "/nonexistent/dir/trace", "--", RECORD_APP, "pattern"});
+  EXPECT_EQ(app.finish(), 1);
+  EXPECT_NE(app.errors().find("--record '/nonexistent/dir/trace': cannot write it"), std::string::npos)
+      << app.errors();
+  EXPECT_FALSE(app.has("pid"));
 }
 
 TEST(RunCommand, RefusesBadArguments) {
