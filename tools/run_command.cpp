@@ -1,8 +1,9 @@
-// `tidepool run [--quota 40%] [--ledger NAME] [--record FILE] -- COMMAND...`:
-// runs an unmodified program with the interposer (libtidepool_preload.so)
-// preloaded, so that its CUDA driver allocations are accounted in the
-// cross-process ledger under its quota, cuMemGetInfo reports the quota as the
-// device, and --record writes them to a trace. docs/interop.md.
+// `tidepool run [--quota 40%] [--ledger NAME] [--record FILE] [--pool MODE]
+// -- COMMAND...`: runs an unmodified program with the interposer
+// (libtidepool_preload.so) preloaded, so that its CUDA driver allocations are
+// accounted in the cross-process ledger under its quota, cuMemGetInfo reports
+// the quota as the device, --record writes them to a trace and --pool serves
+// cuMemAlloc_v2 from a tidepool pool. docs/interop.md.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@ struct RunOptions {
   std::string ledger;
   std::string preload;
   std::string record;
+  std::string pool;
   std::vector<std::string> command;
 };
 
@@ -76,8 +78,8 @@ Status set_unless_given(const char* name, const char* value, const char* why) {
   return set_variable(name, value);
 }
 
-/// --record FILE: the interposer writes FILE (this process becomes the
-/// program: its pid is the program's) and FILE.PID from other processes.
+/// --record FILE: the interposer writes FILE in the program (this process
+/// becomes it: TIDEPOOL_RUN_PID) and FILE.PID in the processes it starts.
 /// The frameworks are asked to allocate each buffer from the driver.
 Status prepare_record(const std::string& file) {
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -85,10 +87,22 @@ Status prepare_record(const std::string& file) {
   ::close(fd);
   const std::string path = std::filesystem::absolute(file).string();  // the program may change directory
   if (Status set = set_variable("TIDEPOOL_RECORD", path); !set) return set;
-  if (Status set = set_variable("TIDEPOOL_RECORD_PID", std::to_string(::getpid())); !set) return set;
   const char* per_buffer = "so that the trace holds each buffer, not the framework's pool";
   if (Status set = set_unless_given("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", per_buffer); !set) return set;
   return set_unless_given("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", per_buffer);
+}
+
+/// --pool MODE: the interposer serves cuMemAlloc_v2 from a pool of MODE;
+/// JAX is asked to send it each buffer.
+Status prepare_pool(const std::string& name) {
+  auto mode = parse_mode(name);
+  if (!mode) return Error(Errc::invalid_argument, "--pool: " + mode.error().message());
+  if (*mode == Mode::cuda_async)
+    return Error(Errc::invalid_argument, "--pool cuda_async: the driver's own pool cannot serve cuMemAlloc_v2; "
+                                         "allowed: preallocate, growth, platform, expandable");
+  if (Status set = set_variable("TIDEPOOL_POOL", name); !set) return set;
+  return set_unless_given("XLA_PYTHON_CLIENT_ALLOCATOR", "platform",
+                          "so that JAX asks the driver, and so the pool, for each buffer");
 }
 
 int run(const RunOptions& options) {
@@ -111,6 +125,12 @@ int run(const RunOptions& options) {
   }
   auto preload = find_preload(options.preload);
   if (!preload) return report_error(preload.error());
+  // The program is this process once it execs: its files are FILE, not FILE.PID.
+  if (Status set = set_variable("TIDEPOOL_RUN_PID", std::to_string(::getpid())); !set)
+    return report_error(set.error());
+  if (!options.pool.empty()) {
+    if (Status prepared = prepare_pool(options.pool); !prepared) return report_error(prepared.error());
+  }
   if (!options.record.empty()) {
     if (Status prepared = prepare_record(options.record); !prepared) return report_error(prepared.error());
   }
@@ -145,10 +165,17 @@ int run(const RunOptions& options) {
                      "FILE.PID. Sets XLA_PYTHON_CLIENT_ALLOCATOR=platform and PYTORCH_NO_CUDA_MEMORY_CACHING=1 "
                      "unless set")
           ->type_name("FILE");
+      app.add_option("--pool", options->pool,
+                     "Serve the program's cuMemAlloc_v2/cuMemFree_v2 from a tidepool pool of MODE (expandable, "
+                     "growth, preallocate, platform) over the driver's calls, in the ledger under the quota; "
+                     "at exit it says the pool's figures (TIDEPOOL_REPORT=FILE writes them as JSON). Sets "
+                     "XLA_PYTHON_CLIENT_ALLOCATOR=platform unless set")
+          ->type_name("MODE");
       app.add_option("--preload", options->preload, "The interposer library (default: found beside tidepool)");
       app.add_option("command", options->command, "The program and its arguments, after --")->required();
       app.footer("Examples: tidepool run --quota 45% -- python train.py\n"
-                 "          tidepool run --record train.trace -- python train.py; tidepool replay train.trace");
+                 "          tidepool run --record train.trace -- python train.py; tidepool replay train.trace\n"
+                 "          tidepool run --pool expandable --quota 40% -- python train.py");
       return [options] { return run(*options); };
     });
 

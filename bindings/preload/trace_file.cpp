@@ -96,10 +96,13 @@ TraceFile* TraceFile::from_env() {
   return trace;
 }
 
-TraceFile::TraceFile(std::string path) : base_path_(std::move(path)) {
-  const char* top = std::getenv("TIDEPOOL_RECORD_PID");
-  const bool started_by_run = top != nullptr && std::to_string(::getpid()) == top;
-  path_ = started_by_run ? base_path_ : base_path_ + "." + std::to_string(::getpid());
+std::string file_of_this_process(const std::string& file) {
+  const char* started = std::getenv("TIDEPOOL_RUN_PID");
+  if (started != nullptr && std::to_string(::getpid()) == started) return file;
+  return file + "." + std::to_string(::getpid());
+}
+
+TraceFile::TraceFile(std::string path) : base_path_(std::move(path)), path_(file_of_this_process(base_path_)) {
   line_.reserve(128);
 }
 

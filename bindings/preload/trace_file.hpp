@@ -18,11 +18,15 @@
 
 namespace tidepool::preload {
 
+/// Where this process writes what `tidepool run` names FILE (--record,
+/// TIDEPOOL_REPORT): FILE in the process it started (TIDEPOOL_RUN_PID), FILE.PID
+/// in any other (its children), so that no two processes write one file.
+std::string file_of_this_process(const std::string& file);
+
 class TraceFile {
  public:
   /// The recording this process makes: TIDEPOOL_RECORD names the file;
-  /// null when it is unset. The process `tidepool run` started
-  /// (TIDEPOOL_RECORD_PID) writes FILE itself, any other FILE.PID.
+  /// null when it is unset. Written to file_of_this_process(FILE).
   static TraceFile* from_env();
 
   /// A lifetime starts: cuMemAlloc* gave `key` (an address), or cuMemCreate

@@ -8,6 +8,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -427,6 +429,109 @@ TEST(Record, AnUnwritableFileIsRefusedBeforeTheProgramStarts) {
   EXPECT_NE(app.errors().find("--record '/nonexistent/dir/trace': cannot write it"), std::string::npos)
       << app.errors();
   EXPECT_FALSE(app.has("pid"));
+}
+
+// --pool expandable: cuMemAlloc_v2 served from the pool over the fake
+// driver's virtual-memory calls (real memory: data written is read back).
+TEST(Pool, ServesTheProgramsAllocationsFromThePool) {
+  const std::string ledger = segment_name("pool");
+  RemoveSegment cleanup{ledger};
+  TraceFiles report("pool-report");
+  setenv("TIDEPOOL_REPORT", report.path.c_str(), 1);
+  Child app({TIDEPOOL_CLI, "run", "--pool", "expandable", "--quota", "4GiB", "--ledger", ledger, "--", POOL_APP,
+             "--wait"});
+  unsetenv("TIDEPOOL_REPORT");
+  ASSERT_TRUE(app.read_until("ready")) << app.errors();
+  EXPECT_EQ(app.number("alloc"), 0);
+  EXPECT_EQ(app.number("intact"), 1);
+  EXPECT_EQ(app.number("realloc"), 0);
+  EXPECT_EQ(app.number("intact_after"), 1);
+  // A double free and a pointer inside a block are refused as the driver
+  // refuses them (CUDA_ERROR_INVALID_VALUE); memory the driver gave past
+  // the pool is freed by the driver.
+  EXPECT_EQ(app.numbers("double_free"), (std::vector<long long>{0, 0, 1}));
+  EXPECT_EQ(app.number("inside_free"), 1);
+  EXPECT_EQ(app.numbers("foreign"), (std::vector<long long>{0, 0}));
+  // Beyond the quota: out of memory; the quota is the device it sees.
+  EXPECT_EQ(app.number("beyond"), kOutOfMemory);
+  EXPECT_EQ(app.number("info", 2), static_cast<long long>(4 * GiB));
+
+  // The footprint is the pool's: 2 MiB granules the driver created, just
+  // above what is live, and the ledger holds exactly them.
+  const long long live = app.number("live");
+  const long long physical = app.number("physical");
+  EXPECT_EQ(physical % static_cast<long long>(2 * MiB), 0);
+  EXPECT_GE(physical, live);
+  EXPECT_LT(physical, live + static_cast<long long>(12 * 2 * MiB));
+  {
+    auto opened = tidepool::Ledger::open_existing(ledger);
+    ASSERT_TRUE(opened) << opened.error().message();
+    auto snapshot = (*opened)->snapshot();
+    ASSERT_TRUE(snapshot);
+    const auto* entry = entry_of(*snapshot, app.number("pid"));
+    ASSERT_NE(entry, nullptr);
+    EXPECT_EQ(entry->reserved_bytes, static_cast<std::size_t>(physical));
+  }
+  // What the pool holds unused (its blocks are the sizes asked, 512-byte
+  // multiples here) is free to the program: the quota less what is live.
+  EXPECT_EQ(app.number("info", 1), static_cast<long long>(4 * GiB) - live);
+
+  app.send_line();
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  EXPECT_EQ(app.number("free"), 0);
+  // The pool made no cuMemAlloc (the one is the program's own, past it), and
+  // each of the program's 19 frees of a pool block waited for the device.
+  EXPECT_EQ(app.text("driver_calls").substr(0, 24), " mem_alloc=1 mem_free=1 ");
+  EXPECT_NE(app.text("vmm_calls").find("ctx_synchronize=19"), std::string::npos) << app.text("vmm_calls");
+  EXPECT_NE(app.errors().find("tidepool: pool expandable on device 0: 19 allocations"), std::string::npos)
+      << app.errors();
+  std::ifstream json(report.path);
+  const std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"mode\": \"expandable\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"ooms\": 1"), std::string::npos) << text;
+}
+
+// A pool holding cached memory gives it back when another process needs it.
+TEST(Pool, CachedMemoryIsTrimmedForAnotherProcess) {
+  const std::string ledger = segment_name("pool-trim");
+  RemoveSegment cleanup{ledger};
+  Child holder({TIDEPOOL_CLI, "run", "--pool", "expandable", "--ledger", ledger, "--", POOL_APP, "hold-cached",
+                "10"});
+  ASSERT_TRUE(holder.read_until("cached 0")) << holder.errors();
+  // 10 of the 16 GiB are cached by the holder: 8 GiB fit only once it trims.
+  Child taker({TIDEPOOL_CLI, "run", "--ledger", ledger, "--", POOL_APP, "take", "8"});
+  ASSERT_EQ(taker.finish(), 0) << taker.errors();
+  EXPECT_EQ(taker.number("take"), 0) << taker.errors();
+  holder.send_line();
+  ASSERT_EQ(holder.finish(), 0) << holder.errors();
+  EXPECT_EQ(holder.text("vmm_calls").find("mem_unmap=0 "), std::string::npos) << holder.text("vmm_calls");
+}
+
+// The Python way in: ctypes loads the driver and allocates through it.
+TEST(Pool, ServesAPythonProgram) {
+  const std::string ledger = segment_name("pool-python");
+  RemoveSegment cleanup{ledger};
+  setenv("LD_LIBRARY_PATH", FAKE_DRIVER_DIR, 1);
+  Child app({TIDEPOOL_CLI, "run", "--pool", "expandable", "--ledger", ledger, "--", "/usr/bin/env", "python3",
+             POOL_APP_PY});
+  unsetenv("LD_LIBRARY_PATH");
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  EXPECT_EQ(app.number("alloc"), 0) << app.errors();
+  EXPECT_EQ(app.number("intact"), 1);
+  EXPECT_EQ(app.numbers("double_free"), (std::vector<long long>{0, 1}));
+  EXPECT_EQ(app.number("physical") % static_cast<long long>(2 * MiB), 0);
+  EXPECT_GE(app.number("physical"), app.number("live"));
+  EXPECT_NE(app.errors().find("tidepool: pool expandable on device 0"), std::string::npos) << app.errors();
+}
+
+TEST(Pool, RefusesModesThatCannotServe) {
+  Child bad({TIDEPOOL_CLI, "run", "--pool", "bogus", "--", POOL_APP});
+  EXPECT_EQ(bad.finish(), 1);
+  EXPECT_NE(bad.errors().find("--pool: "), std::string::npos) << bad.errors();
+  EXPECT_FALSE(bad.has("pid"));
+  Child driver_pool({TIDEPOOL_CLI, "run", "--pool", "cuda_async", "--", POOL_APP});
+  EXPECT_EQ(driver_pool.finish(), 1);
+  EXPECT_NE(driver_pool.errors().find("--pool cuda_async"), std::string::npos) << driver_pool.errors();
 }
 
 TEST(RunCommand, RefusesBadArguments) {
