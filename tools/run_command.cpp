@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,8 +68,11 @@ Status set_variable(const char* name, const std::string& value) {
   return {};
 }
 
-/// `name=value` unless the user set `name`; says which on stderr.
+/// `name=value` unless the user set `name`; says which on stderr (once
+/// per name: --pool and --record both ask for the platform allocator).
 Status set_unless_given(const char* name, const char* value, const char* why) {
+  static std::set<std::string> done;
+  if (!done.insert(name).second) return {};
   if (const char* given = std::getenv(name); given != nullptr) {
     std::fprintf(stderr, "tidepool: %s=%s is kept as you set it (tidepool would set %s: %s)\n", name, given, value,
                  why);
@@ -149,7 +153,9 @@ int run(const RunOptions& options) {
 }
 
 [[maybe_unused]] const bool registered = register_command(
-    "run", "Run a program with its CUDA allocations accounted in the ledger under a quota",
+    "run",
+    "Run a program with its CUDA allocations accounted in the ledger under a quota, recorded to a trace "
+    "(--record) or served by a tidepool pool (--pool)",
     [](CLI::App& app) {
       auto options = std::make_shared<RunOptions>();
       app.add_option("--quota", options->quota,

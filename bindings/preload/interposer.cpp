@@ -28,6 +28,13 @@
 //
 // The ledger's upstream device is the driver call in flight: LedgerDevice
 // reserves, then asks DriverDevice, which runs the wrapper's real call.
+//
+// With TIDEPOOL_POOL (tidepool run --pool MODE), cuMemAlloc_v2/cuMemFree_v2
+// are served by a tidepool pool over that ledger, whose DriverDevice then
+// makes the driver's own calls for the pool (virtual memory, or cuMemAlloc
+// regions); a free waits for the device first, as cuMemFree does. With
+// TIDEPOOL_RECORD (--record FILE), every allocation and free is written to a
+// trace (trace_file.hpp). docs/interop.md.
 #include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -583,7 +590,7 @@ class Interposer {
     {
       std::lock_guard lock(mutex_);
       served_[*dptr] = Allocation{bytes, device};
-      pools_[device].served(static_cast<std::int64_t>(bytes));
+      if (auto it = pools_.find(device); it != pools_.end()) it->second.served(static_cast<std::int64_t>(bytes));
     }
     if (trace_ != nullptr) trace_->allocated(false, *dptr, bytes, nullptr, device);
     return CUDA_SUCCESS;
