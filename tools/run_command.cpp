@@ -4,7 +4,6 @@
 // accounted in the cross-process ledger under its quota, cuMemGetInfo reports
 // the quota as the device, --record writes them to a trace and --pool serves
 // cuMemAlloc_v2 from a tidepool pool. docs/interop.md.
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +18,7 @@
 
 #include "command.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/trace_io.hpp"
 
 namespace tidepool::cli {
 namespace {
@@ -86,10 +86,14 @@ Status set_unless_given(const char* name, const char* value, const char* why) {
 /// becomes it: TIDEPOOL_RUN_PID) and FILE.PID in the processes it starts.
 /// The frameworks are asked to allocate each buffer from the driver.
 Status prepare_record(const std::string& file) {
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error(Errc::io_error, "--record '" + file + "': cannot write it: " + std::strerror(errno));
-  ::close(fd);
   const std::string path = std::filesystem::absolute(file).string();  // the program may change directory
+  // An empty trace until the program writes its own: a program that
+  // allocates nothing (or a launcher whose children do) still leaves one.
+  trace::Trace empty;
+  empty.name = path;
+  empty.format = "cuda-driver";
+  if (Status written = trace::write_tidepool_file(empty, file); !written)
+    return Error(Errc::io_error, "--record '" + file + "': cannot write it: " + written.error().message());
   if (Status set = set_variable("TIDEPOOL_RECORD", path); !set) return set;
   const char* per_buffer = "so that the trace holds each buffer, not the framework's pool";
   if (Status set = set_unless_given("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", per_buffer); !set) return set;

@@ -423,6 +423,15 @@ TEST(Record, TheTraceSurvivesSigterm) {
   EXPECT_EQ(summary.peak_live_bytes, 10 * MiB);
 }
 
+TEST(Record, AProgramThatAllocatesNothingLeavesAnEmptyTrace) {
+  TraceFiles files("nothing");
+  Child app({TIDEPOOL_CLI, "run", "--record", files.path, "--", "/bin/true"});
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  auto trace = tidepool::trace::read_trace(files.path);
+  ASSERT_TRUE(trace) << trace.error().message();
+  EXPECT_EQ(trace->events.size(), 0u);
+}
+
 TEST(Record, AnUnwritableFileIsRefusedBeforeTheProgramStarts) {
   Child app({TIDEPOOL_CLI, "run", "--record", "/nonexistent/dir/trace", "--", RECORD_APP, "pattern"});
   EXPECT_EQ(app.finish(), 1);
