@@ -43,3 +43,23 @@ static_assert(std::is_same_v<decltype(&cuGetProcAddress_v2),
 static_assert(std::is_same_v<decltype(&cuCtxGetDevice), CUresult (*)(CUdevice*)>);
 static_assert(std::is_same_v<decltype(&cuDeviceGetUuid_v2), CUresult (*)(CUuuid*, CUdevice)>);
 static_assert(std::is_same_v<decltype(&cuDeviceTotalMem_v2), CUresult (*)(size_t*, CUdevice)>);
+
+// The virtual-memory calls of --pool.
+static_assert(tp::CU_MEM_ALLOCATION_TYPE_PINNED == CU_MEM_ALLOCATION_TYPE_PINNED);
+static_assert(tp::CU_MEM_ACCESS_FLAGS_PROT_READWRITE == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+static_assert(tp::CU_MEM_ALLOC_GRANULARITY_MINIMUM == CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+static_assert(sizeof(tp::CUmemAccessDesc) == sizeof(CUmemAccessDesc));
+static_assert(offsetof(tp::CUmemAccessDesc, flags) == offsetof(CUmemAccessDesc, flags));
+static_assert(std::is_same_v<decltype(&cuMemGetAllocationGranularity),
+                             CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags)>);
+static_assert(std::is_same_v<decltype(&cuMemAddressReserve),
+                             CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long)>);
+static_assert(std::is_same_v<decltype(&cuMemAddressFree), CUresult (*)(CUdeviceptr, size_t)>);
+static_assert(std::is_same_v<decltype(&cuMemMap), CUresult (*)(CUdeviceptr, size_t, size_t,
+                                                                CUmemGenericAllocationHandle, unsigned long long)>);
+static_assert(std::is_same_v<decltype(&cuMemSetAccess), CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*,
+                                                                      size_t)>);
+static_assert(std::is_same_v<decltype(&cuMemUnmap), CUresult (*)(CUdeviceptr, size_t)>);
+static_assert(std::is_same_v<decltype(&cuCtxSynchronize), CUresult (*)()>);
+static_assert(std::is_same_v<decltype(&cuCtxGetCurrent), CUresult (*)(CUcontext*)>);
+static_assert(std::is_same_v<decltype(&cuCtxSetCurrent), CUresult (*)(CUcontext)>);

@@ -16,6 +16,7 @@ using CUmemGenericAllocationHandle = unsigned long long;
 using cuuint64_t = std::uint64_t;
 using CUstream = struct CUstream_st*;
 using CUmemoryPool = struct CUmemPoolHandle_st*;
+using CUcontext = struct CUctx_st*;
 using CUdriverProcAddressQueryResult = int;        // enum CUdriverProcAddressQueryResult_enum
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
@@ -24,6 +25,9 @@ inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;
+inline constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 1;
+inline constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3;
+inline constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0;
 
 /// The newest CUDA version (cuGetProcAddress's cudaVersion) whose signatures
 /// these declarations are known to have: abi_check.cpp compares them with a
@@ -53,6 +57,16 @@ struct CUmemAllocationProp {
   } allocFlags;
 };
 
+/// CUmemLocation and CUmemAccessDesc (cuMemSetAccess).
+struct CUmemLocation {
+  int type;  // CUmemLocationType
+  int id;
+};
+struct CUmemAccessDesc {
+  CUmemLocation location;
+  int flags;  // CUmemAccess_flags
+};
+
 // The driver functions, by the symbol the library exports.
 using MemAllocFn = CUresult (*)(CUdeviceptr* dptr, std::size_t bytesize);           // cuMemAlloc_v2
 using MemFreeFn = CUresult (*)(CUdeviceptr dptr);                                    // cuMemFree_v2
@@ -70,5 +84,20 @@ using GetProcAddressV2Fn = CUresult (*)(const char* symbol, void** pfn, int cuda
 using CtxGetDeviceFn = CUresult (*)(CUdevice* device);
 using DeviceTotalMemFn = CUresult (*)(std::size_t* bytes, CUdevice dev);             // cuDeviceTotalMem_v2
 using DeviceGetUuidFn = CUresult (*)(CUuuid* uuid, CUdevice dev);                   // cuDeviceGetUuid_v2
+
+// The virtual-memory calls the pool of `tidepool run --pool` makes (not wrapped).
+using MemGetAllocationGranularityFn = CUresult (*)(std::size_t* granularity, const CUmemAllocationProp* prop,
+                                                   int option);
+using MemAddressReserveFn = CUresult (*)(CUdeviceptr* ptr, std::size_t size, std::size_t alignment,
+                                         CUdeviceptr addr, unsigned long long flags);
+using MemAddressFreeFn = CUresult (*)(CUdeviceptr ptr, std::size_t size);
+using MemMapFn = CUresult (*)(CUdeviceptr ptr, std::size_t size, std::size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags);
+using MemSetAccessFn = CUresult (*)(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc,
+                                    std::size_t count);
+using MemUnmapFn = CUresult (*)(CUdeviceptr ptr, std::size_t size);
+using CtxSynchronizeFn = CUresult (*)();
+using CtxGetCurrentFn = CUresult (*)(CUcontext* context);
+using CtxSetCurrentFn = CUresult (*)(CUcontext context);
 
 }  // namespace tidepool::preload

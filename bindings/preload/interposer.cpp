@@ -28,6 +28,13 @@
 //
 // The ledger's upstream device is the driver call in flight: LedgerDevice
 // reserves, then asks DriverDevice, which runs the wrapper's real call.
+//
+// With TIDEPOOL_POOL (tidepool run --pool MODE), cuMemAlloc_v2/cuMemFree_v2
+// are served by a tidepool pool over that ledger, whose DriverDevice then
+// makes the driver's own calls for the pool (virtual memory, or cuMemAlloc
+// regions); a free waits for the device first, as cuMemFree does. With
+// TIDEPOOL_RECORD (--record FILE), every allocation and free is written to a
+// trace (trace_file.hpp). docs/interop.md.
 #include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -53,6 +60,9 @@
 #include <vector>
 
 #include "driver_abi.hpp"
+#include "pool_summary.hpp"
+#include "trace_file.hpp"
+#include "tidepool/allocator.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/device.hpp"
 #include "tidepool/ledger.hpp"
@@ -184,6 +194,11 @@ int claim_slot(Fn fn, void* real) {
   return -1;
 }
 
+template <class FnPtr>
+void* as_pointer(FnPtr fn) {
+  return reinterpret_cast<void*>(fn);
+}
+
 /// A helper driver function this library calls but does not wrap.
 template <class FnPtr>
 FnPtr driver_helper(const char* symbol) {
@@ -202,20 +217,112 @@ thread_local CUresult t_driver_result = kNotCalled;
 /// Where LedgerDevice's allocate() points: the real address is the wrapper's.
 void* const kAccounted = reinterpret_cast<void*>(std::uintptr_t{1} << 12);
 
+/// The driver calls the pool of `tidepool run --pool` makes for itself,
+/// past this library: the allocations the program's calls are served from.
+struct DriverVmm {
+  MemAllocFn alloc = nullptr;
+  MemFreeFn free = nullptr;
+  MemCreateFn create = nullptr;
+  MemReleaseFn release = nullptr;
+  MemGetAllocationGranularityFn granularity = nullptr;
+  MemAddressReserveFn reserve = nullptr;
+  MemAddressFreeFn address_free = nullptr;
+  MemMapFn map = nullptr;
+  MemSetAccessFn set_access = nullptr;
+  MemUnmapFn unmap = nullptr;
+  CtxSynchronizeFn synchronize = nullptr;
+  CtxGetCurrentFn get_current = nullptr;
+  CtxSetCurrentFn set_current = nullptr;
+
+  /// The driver's functions; an error naming the first it lacks.
+  static Expected<const DriverVmm*> find();
+};
+
+Expected<const DriverVmm*> DriverVmm::find() {
+  static const DriverVmm found = [] {
+    DriverVmm vmm;
+    vmm.alloc = real_of<MemAllocFn>(mem_alloc, 0);
+    vmm.free = real_of<MemFreeFn>(mem_free, 0);
+    vmm.create = real_of<MemCreateFn>(mem_create, 0);
+    vmm.release = real_of<MemReleaseFn>(mem_release, 0);
+    vmm.granularity = driver_helper<MemGetAllocationGranularityFn>("cuMemGetAllocationGranularity");
+    vmm.reserve = driver_helper<MemAddressReserveFn>("cuMemAddressReserve");
+    vmm.address_free = driver_helper<MemAddressFreeFn>("cuMemAddressFree");
+    vmm.map = driver_helper<MemMapFn>("cuMemMap");
+    vmm.set_access = driver_helper<MemSetAccessFn>("cuMemSetAccess");
+    vmm.unmap = driver_helper<MemUnmapFn>("cuMemUnmap");
+    vmm.synchronize = driver_helper<CtxSynchronizeFn>("cuCtxSynchronize");
+    vmm.get_current = driver_helper<CtxGetCurrentFn>("cuCtxGetCurrent");
+    vmm.set_current = driver_helper<CtxSetCurrentFn>("cuCtxSetCurrent");
+    return vmm;
+  }();
+  const std::pair<const char*, void*> needed[] = {
+      {"cuMemAlloc_v2", as_pointer(found.alloc)},          {"cuMemFree_v2", as_pointer(found.free)},
+      {"cuMemCreate", as_pointer(found.create)},           {"cuMemRelease", as_pointer(found.release)},
+      {"cuMemGetAllocationGranularity", as_pointer(found.granularity)},
+      {"cuMemAddressReserve", as_pointer(found.reserve)},  {"cuMemAddressFree", as_pointer(found.address_free)},
+      {"cuMemMap", as_pointer(found.map)},                 {"cuMemSetAccess", as_pointer(found.set_access)},
+      {"cuMemUnmap", as_pointer(found.unmap)},             {"cuCtxSynchronize", as_pointer(found.synchronize)},
+      {"cuCtxGetCurrent", as_pointer(found.get_current)},  {"cuCtxSetCurrent", as_pointer(found.set_current)}};
+  for (const auto& [name, function] : needed)
+    if (function == nullptr) return Error(Errc::unsupported, std::string("the driver has no ") + name);
+  return &found;
+}
+
+/// Makes `context` current for the scope (the pool's calls from a thread
+/// of the program that has another, or none), then restores the previous.
+class ScopedContext {
+ public:
+  ScopedContext(const DriverVmm& vmm, CUcontext context) : vmm_(vmm) {
+    if (context == nullptr || vmm.get_current(&previous_) != CUDA_SUCCESS || previous_ == context) return;
+    restore_ = vmm.set_current(context) == CUDA_SUCCESS;
+  }
+  ~ScopedContext() {
+    if (restore_) vmm_.set_current(previous_);
+  }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  const DriverVmm& vmm_;
+  CUcontext previous_ = nullptr;
+  bool restore_ = false;
+};
+
+/// One CUDA device as the ledger sees it. Its calls are the program's own
+/// call in flight (t_driver_call: the ledger accounts it), or, for the pool
+/// of `tidepool run --pool` (`vmm` given), the driver's calls made for the
+/// pool, with the device's context current.
 class DriverDevice final : public Device {
  public:
-  DriverDevice(CUdevice ordinal, std::string id, std::size_t total_bytes)
-      : ordinal_(ordinal), id_(std::move(id)), total_bytes_(total_bytes) {}
+  DriverDevice(CUdevice ordinal, std::string id, std::size_t total_bytes, const DriverVmm* vmm = nullptr,
+               CUcontext context = nullptr)
+      : ordinal_(ordinal), id_(std::move(id)), total_bytes_(total_bytes), vmm_(vmm), context_(context) {
+    if (vmm_ != nullptr) granularity_ = query_granularity();
+  }
 
   std::string id() const override { return id_; }
   std::string description() const override {
     return "CUDA device " + std::to_string(ordinal_) + " (" + id_ + ") through the driver's calls";
   }
   Expected<void*> allocate(std::size_t bytes) override {
-    if (Status done = run("allocate", bytes); !done) return std::move(done).error();
-    return kAccounted;
+    if (!serves_pool()) {
+      if (Status done = run("allocate", bytes); !done) return std::move(done).error();
+      return kAccounted;
+    }
+    CUdeviceptr ptr = 0;
+    if (Status done = own("cuMemAlloc", bytes, [&] { return vmm_->alloc(&ptr, bytes); }); !done)
+      return std::move(done).error();
+    remember(ptr, bytes);
+    return reinterpret_cast<void*>(ptr);
   }
-  Status free(void*, std::size_t bytes) override { return run("free", bytes); }
+  Status free(void* ptr, std::size_t bytes) override {
+    if (!serves_pool()) return run("free", bytes);
+    const auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    Status done = own("cuMemFree", bytes, [&] { return vmm_->free(address); });
+    if (done) forget(address);
+    return done;
+  }
   /// The device's size (cuDeviceTotalMem_v2, which needs no context); free
   /// is the driver's (cuMemGetInfo_v2) while this device's context is
   /// current, else unknown and reported as the size.
@@ -229,23 +336,111 @@ class DriverDevice final : public Device {
       return {std::min(free_bytes, total_bytes_), total_bytes_};
     return {total_bytes_, total_bytes_};
   }
-  std::size_t granularity() const override { return 2 * MiB; }
-  bool supports_virtual_memory() const override { return false; }
-  Expected<void*> reserve(std::size_t) override { return unsupported(); }
-  Status unreserve(void*, std::size_t) override { return unsupported(); }
-  Expected<PhysicalHandle> create(std::size_t bytes) override {
-    if (Status done = run("create", bytes); !done) return std::move(done).error();
-    return PhysicalHandle{1};
+  std::size_t granularity() const override { return granularity_; }
+  bool supports_virtual_memory() const override { return vmm_ != nullptr; }
+  Expected<void*> reserve(std::size_t va_bytes) override {
+    if (vmm_ == nullptr) return unsupported();
+    CUdeviceptr base = 0;
+    if (Status done = own("cuMemAddressReserve", va_bytes,
+                          [&] { return vmm_->reserve(&base, va_bytes, granularity_, 0, 0); });
+        !done)
+      return std::move(done).error();
+    remember(base, va_bytes);
+    return reinterpret_cast<void*>(base);
   }
-  Status map(void*, std::size_t, PhysicalHandle) override { return unsupported(); }
-  Status unmap(void*, std::size_t) override { return unsupported(); }
-  Status release(PhysicalHandle, std::size_t bytes) override { return run("release", bytes); }
-  Status synchronize(Stream) override { return {}; }
+  Status unreserve(void* va, std::size_t va_bytes) override {
+    if (vmm_ == nullptr) return unsupported();
+    const auto base = reinterpret_cast<CUdeviceptr>(va);
+    Status done = own("cuMemAddressFree", va_bytes, [&] { return vmm_->address_free(base, va_bytes); });
+    if (done) forget(base);
+    return done;
+  }
+  Expected<PhysicalHandle> create(std::size_t bytes) override {
+    if (!serves_pool()) {
+      if (Status done = run("create", bytes); !done) return std::move(done).error();
+      return PhysicalHandle{1};
+    }
+    const CUmemAllocationProp prop = device_prop();
+    CUmemGenericAllocationHandle handle = 0;
+    if (Status done = own("cuMemCreate", bytes, [&] { return vmm_->create(&handle, bytes, &prop, 0); }); !done)
+      return std::move(done).error();
+    return PhysicalHandle{handle};
+  }
+  Status map(void* va, std::size_t bytes, PhysicalHandle handle) override {
+    if (vmm_ == nullptr) return unsupported();
+    const auto address = reinterpret_cast<CUdeviceptr>(va);
+    if (Status done = own("cuMemMap", bytes, [&] { return vmm_->map(address, bytes, 0, handle, 0); }); !done)
+      return done;
+    const CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, ordinal_}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    Status done = own("cuMemSetAccess", bytes, [&] { return vmm_->set_access(address, bytes, &access, 1); });
+    if (!done) (void)own("cuMemUnmap", bytes, [&] { return vmm_->unmap(address, bytes); });
+    return done;
+  }
+  Status unmap(void* va, std::size_t bytes) override {
+    if (vmm_ == nullptr) return unsupported();
+    const auto address = reinterpret_cast<CUdeviceptr>(va);
+    return own("cuMemUnmap", bytes, [&] { return vmm_->unmap(address, bytes); });
+  }
+  Status release(PhysicalHandle handle, std::size_t bytes) override {
+    if (!serves_pool()) return run("release", bytes);
+    return own("cuMemRelease", bytes, [&] { return vmm_->release(handle); });
+  }
+  /// The whole device: what cuMemFree waits for (docs/interop.md).
+  Status synchronize(Stream) override {
+    if (vmm_ == nullptr) return {};
+    return own("cuCtxSynchronize", 0, [&] { return vmm_->synchronize(); });
+  }
+
+  /// Whether `address` lies in memory the pool took from the driver (a
+  /// reservation or a cuMemAlloc region): the pool's, never the driver's to free.
+  bool owns(CUdeviceptr address) const {
+    std::lock_guard lock(ranges_mutex_);
+    auto it = ranges_.upper_bound(address);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return address < it->first + it->second;
+  }
 
  private:
   static Error unsupported() {
     return Error(Errc::unsupported, "the interposer's device only passes the program's driver calls on");
   }
+  /// The pool's own call: no program call is in flight on this thread.
+  bool serves_pool() const { return vmm_ != nullptr && t_driver_call == nullptr; }
+
+  CUmemAllocationProp device_prop() const {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal_;
+    return prop;
+  }
+  std::size_t query_granularity() const {
+    const CUmemAllocationProp prop = device_prop();
+    std::size_t granularity = 0;
+    if (vmm_->granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || granularity == 0)
+      return 2 * MiB;
+    return granularity;
+  }
+
+  template <class Call>
+  Status own(const char* what, std::size_t bytes, Call&& call) const {
+    ScopedContext current(*vmm_, context_);
+    const CUresult result = call();
+    if (result == CUDA_SUCCESS) return {};
+    const std::string message = description() + ": " + what + " of " + format_bytes(bytes) + " failed (CUresult " +
+                                std::to_string(result) + ")";
+    return Error(result == CUDA_ERROR_OUT_OF_MEMORY ? Errc::out_of_memory : Errc::device_error, message);
+  }
+  void remember(CUdeviceptr base, std::size_t bytes) {
+    std::lock_guard lock(ranges_mutex_);
+    ranges_[base] = bytes;
+  }
+  void forget(CUdeviceptr base) {
+    std::lock_guard lock(ranges_mutex_);
+    ranges_.erase(base);
+  }
+
   Status run(const char* what, std::size_t bytes) const {
     if (t_driver_call == nullptr)
       return Error(Errc::invalid_argument, std::string("DriverDevice::") + what + " outside a driver call");
@@ -260,6 +455,11 @@ class DriverDevice final : public Device {
   CUdevice ordinal_;
   std::string id_;
   std::size_t total_bytes_;
+  const DriverVmm* vmm_;  // null: accounting only
+  CUcontext context_;     // the pool's calls are made in it; null: the caller's
+  std::size_t granularity_ = 2 * MiB;
+  mutable std::mutex ranges_mutex_;
+  std::map<CUdeviceptr, std::size_t> ranges_;  // the pool's reservations and regions
 };
 
 // --- accounting ---------------------------------------------------------------
@@ -267,6 +467,22 @@ class DriverDevice final : public Device {
 struct Allocation {
   std::size_t bytes = 0;
   CUdevice device = 0;
+};
+
+/// --pool: a device's pool, the device under it, and what it served.
+struct ServingPool {
+  std::unique_ptr<Allocator> pool;
+  std::shared_ptr<DriverDevice> driver;
+  std::int64_t live_bytes = 0;       // as the program asked for them
+  std::int64_t peak_live_bytes = 0;
+
+  void served(std::int64_t delta) {
+    live_bytes += delta;
+    peak_live_bytes = std::max(peak_live_bytes, live_bytes);
+  }
+  PoolSummary summary(CUdevice device, Mode mode) const {
+    return PoolSummary::of(device, std::string(mode_name(mode)), pool->stats(), peak_live_bytes);
+  }
 };
 
 /// The process's ledger entries (one per device it allocates on) and what
@@ -277,6 +493,8 @@ class Interposer {
   static Interposer& instance() {
     static Interposer* const interposer = [] {
       auto* created = new Interposer();
+      created->trace_ = TraceFile::from_env();
+      created->pool_mode_ = pool_mode_from_env();
       std::atexit([] { instance().shut_down(); });
       pthread_atfork(nullptr, nullptr, [] { instance().forget_after_fork(); });
       return created;
@@ -284,10 +502,30 @@ class Interposer {
     return *interposer;
   }
 
-  /// Reserves `bytes` on `device` in the ledger, then makes `call`; records
-  /// `key` (an address or a handle) when both succeed.
-  CUresult allocate(CUdevice device, std::size_t bytes, bool physical, const std::function<CUresult()>& call,
-                    const std::function<unsigned long long()>& key) {
+  /// Reserves `bytes` on `device` in the ledger, then makes `call` (on
+  /// `stream`); records `key` (an address or a handle) when both succeed.
+  CUresult allocate(CUdevice device, std::size_t bytes, bool physical, CUstream stream,
+                    const std::function<CUresult()>& call, const std::function<unsigned long long()>& key) {
+    const CUresult result = allocate_accounted(device, bytes, physical, call, key);
+    if (trace_ == nullptr) return result;
+    if (result != CUDA_SUCCESS)
+      trace_->failed_allocation();
+    else
+      trace_->allocated(physical, key(), bytes, stream, device);
+    return result;
+  }
+
+  /// Makes `call` (a free or release of `key`, on `stream`) and releases
+  /// what the allocation reserved.
+  CUresult free(bool physical, unsigned long long key, CUstream stream, const std::function<CUresult()>& call) {
+    const CUresult result = free_accounted(physical, key, call);
+    if (trace_ != nullptr && result == CUDA_SUCCESS) trace_->freed(physical, key, stream);
+    return result;
+  }
+
+ private:
+  CUresult allocate_accounted(CUdevice device, std::size_t bytes, bool physical,
+                              const std::function<CUresult()>& call, const std::function<unsigned long long()>& key) {
     LedgerDevice* ledger = ledger_for(device);
     if (ledger == nullptr) return refused_without_ledger(call);
     Expected<bool> done = in_flight(call, [&]() -> Expected<bool> {
@@ -310,10 +548,9 @@ class Interposer {
     return CUDA_SUCCESS;
   }
 
-  /// Makes `call` (a free or release of `key`) and releases what the
-  /// allocation reserved. Keys this library did not record (allocated before
-  /// it was loaded, or passed through) are only forwarded.
-  CUresult free(bool physical, unsigned long long key, const std::function<CUresult()>& call) {
+  /// Keys this library did not record (allocated before it was loaded, or
+  /// passed through) are only forwarded.
+  CUresult free_accounted(bool physical, unsigned long long key, const std::function<CUresult()>& call) {
     std::optional<Allocation> allocation;
     {
       std::lock_guard lock(mutex_);
@@ -337,6 +574,62 @@ class Interposer {
     return t_driver_result == kNotCalled ? call() : t_driver_result;
   }
 
+ public:
+  /// --pool: cuMemAlloc_v2 of `bytes` on `device` served by its pool.
+  /// nullopt when the device has no pool (the caller accounts the driver's).
+  std::optional<CUresult> serve(CUdevice device, std::size_t bytes, CUdeviceptr* dptr) {
+    Allocator* pool = pool_for(device);
+    if (pool == nullptr) return std::nullopt;
+    Expected<void*> block = pool->allocate(bytes, kDefaultStream);
+    if (!block) {
+      if (trace_ != nullptr) trace_->failed_allocation();
+      report_refusal(bytes, block.error());
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *dptr = reinterpret_cast<CUdeviceptr>(*block);
+    {
+      std::lock_guard lock(mutex_);
+      served_[*dptr] = Allocation{bytes, device};
+      if (auto it = pools_.find(device); it != pools_.end()) it->second.served(static_cast<std::int64_t>(bytes));
+    }
+    if (trace_ != nullptr) trace_->allocated(false, *dptr, bytes, nullptr, device);
+    return CUDA_SUCCESS;
+  }
+
+  /// --pool: cuMemFree_v2 of a block the pool served. nullopt when `dptr`
+  /// is not the pool's (the driver's own: passed on untouched).
+  std::optional<CUresult> free_served(CUdeviceptr dptr) {
+    Allocation block;
+    ServingPool* serving = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (!pool_mode_ || stopped_) return std::nullopt;
+      auto it = served_.find(dptr);
+      if (it == served_.end()) {
+        // Freed already, or inside a block: the driver would refuse it too.
+        for (auto& [device, pool] : pools_)
+          if (pool.driver->owns(dptr)) return CUDA_ERROR_INVALID_VALUE;
+        return std::nullopt;
+      }
+      block = it->second;
+      served_.erase(it);
+      serving = &pools_[block.device];
+    }
+    // cuMemFree waits for the device: a caller may reuse the memory (or let
+    // another stream reuse it) as soon as it returns (docs/interop.md).
+    if (Status done = serving->driver->synchronize(kDefaultStream); !done) report_free_problem(done.error());
+    if (Status done = serving->pool->deallocate(reinterpret_cast<void*>(dptr), kDefaultStream); !done) {
+      report_free_problem(done.error());
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      serving->served(-static_cast<std::int64_t>(block.bytes));
+    }
+    if (trace_ != nullptr) trace_->freed(false, dptr, nullptr);
+    return CUDA_SUCCESS;
+  }
+
   /// cuMemGetInfo_v2 as the ledger reports it for the current device.
   CUresult mem_info(std::size_t* free_bytes, std::size_t* total_bytes, const std::function<CUresult()>& call) {
     CUdevice device = 0;
@@ -346,7 +639,8 @@ class Interposer {
     const CUresult result = call();  // the driver's own checks (a context) first
     if (result != CUDA_SUCCESS) return result;
     const MemInfo info = ledger->mem_info();
-    *free_bytes = info.free_bytes;
+    // --pool: what the pool holds unused is free to the program too.
+    *free_bytes = std::min(info.total_bytes, info.free_bytes + pool_cached_bytes(device));
     *total_bytes = info.total_bytes;
     return CUDA_SUCCESS;
   }
@@ -361,6 +655,9 @@ class Interposer {
     std::lock_guard lock(mutex_);
     return stopped_;
   }
+
+  /// --pool: cuMemAlloc_v2 is served by a pool (serve()).
+  bool serves_pool() const { return pool_mode_.has_value(); }
 
   /// The size cuDeviceTotalMem_v2 reports for `device` (of `total` bytes):
   /// its ledger entry's total where it has one, else the quota it would
@@ -380,6 +677,51 @@ class Interposer {
 
  private:
   Interposer() = default;
+
+  static std::optional<Mode> pool_mode_from_env() {
+    const char* name = std::getenv("TIDEPOOL_POOL");
+    if (name == nullptr || *name == '\0') return std::nullopt;
+    auto mode = parse_mode(name);
+    if (mode && *mode != Mode::cuda_async) return *mode;
+    std::fprintf(stderr, "tidepool: error: TIDEPOOL_POOL='%s': %s; the program's allocations go to the driver\n",
+                 name, mode ? "the driver's own pool (cuda_async) cannot serve it" : mode.error().message().c_str());
+    return std::nullopt;
+  }
+
+  /// The pool serving `device`, registering its ledger entry on first use;
+  /// null when it has none.
+  Allocator* pool_for(CUdevice device) {
+    if (ledger_for(device) == nullptr) return nullptr;
+    std::lock_guard lock(mutex_);
+    auto it = pools_.find(device);
+    return it == pools_.end() ? nullptr : it->second.pool.get();
+  }
+
+  std::size_t pool_cached_bytes(CUdevice device) {
+    std::lock_guard lock(mutex_);
+    auto it = pools_.find(device);
+    if (it == pools_.end()) return 0;
+    const Stats stats = it->second.pool->stats();
+    return static_cast<std::size_t>(std::max<std::int64_t>(0, stats.bytes_reserved - stats.bytes_in_use));
+  }
+
+  void report_free_problem(const Error& error) {
+    std::lock_guard lock(mutex_);
+    if (free_problems_++ == 0)
+      std::fprintf(stderr, "tidepool: error: a free through the pool failed: %s (further are not printed)\n",
+                   error.message().c_str());
+  }
+
+  /// At exit: each pool's figures on stderr, and in TIDEPOOL_REPORT's file.
+  void report_pools(const std::map<CUdevice, ServingPool>& pools) {
+    for (const auto& [device, serving] : pools) {
+      const PoolSummary summary = serving.summary(device, *pool_mode_);
+      std::fprintf(stderr, "tidepool: %s\n", summary.text().c_str());
+      if (const char* file = std::getenv("TIDEPOOL_REPORT"); file != nullptr && *file != '\0')
+        if (Status written = summary.write(file_of_this_process(file)); !written)
+          std::fprintf(stderr, "tidepool: error: TIDEPOOL_REPORT: %s\n", written.error().message().c_str());
+    }
+  }
 
   /// Runs `body` (a LedgerDevice call) with `call` as the driver call its
   /// upstream makes.
@@ -401,7 +743,8 @@ class Interposer {
     std::lock_guard lock(mutex_);
     if (stopped_) return nullptr;
     if (auto it = ledgers_.find(device); it != ledgers_.end()) return it->second.get();
-    auto ledger = register_device(device);
+    std::shared_ptr<DriverDevice> driver;
+    auto ledger = register_device(device, &driver);
     if (!ledger) {
       if (said_failed_.insert(device).second)
         std::fprintf(stderr,
@@ -410,10 +753,33 @@ class Interposer {
                      device, ledger.error().message().c_str());
       return nullptr;
     }
-    return (ledgers_[device] = std::move(*ledger)).get();
+    ledgers_[device] = *ledger;
+    if (pool_mode_) make_pool_locked(device, *ledger, std::move(driver));
+    return ledger->get();
   }
 
-  static Expected<std::shared_ptr<LedgerDevice>> register_device(CUdevice device) {
+  /// Under the lock: the pool of `tidepool run --pool` on `device`, over its
+  /// ledger entry. A pool that cannot be made is said, and the device's
+  /// allocations go to the driver, accounted, as without --pool.
+  void make_pool_locked(CUdevice device, const std::shared_ptr<LedgerDevice>& ledger,
+                        std::shared_ptr<DriverDevice> driver) {
+    auto config = Config::from_env();  // read once already by register_device: valid
+    if (!config) return;
+    // The pool may take the whole device (or quota) unless a fraction is set:
+    // the program under it asked for no preallocation of its own.
+    if (config->mem_fraction.is_default()) config->mem_fraction = Setting<double>(1.0, "tidepool run --pool", "1");
+    auto pool = make_allocator(*pool_mode_, *config, ledger);
+    if (!pool) {
+      std::fprintf(stderr,
+                   "tidepool: error: --pool %s on device %d: %s; its allocations go to the driver, accounted in "
+                   "the ledger\n",
+                   std::string(mode_name(*pool_mode_)).c_str(), device, pool.error().message().c_str());
+      return;
+    }
+    pools_[device] = ServingPool{std::move(*pool), std::move(driver)};
+  }
+
+  Expected<std::shared_ptr<LedgerDevice>> register_device(CUdevice device, std::shared_ptr<DriverDevice>* driver) {
     auto config = Config::from_env();
     if (!config) return std::move(config).error();
     // Sized by the device itself, not by the current context's (cuMemCreate
@@ -439,9 +805,22 @@ class Interposer {
         return Error(Errc::invalid_argument, "TIDEPOOL_QUOTA='" + config->quota.text + "' is 0 bytes of " +
                                                  format_bytes(total));
     }
-    // An unmodified program cannot give cached memory back when asked.
-    options.poll_period = std::chrono::milliseconds(0);
-    return LedgerDevice::create(std::make_shared<DriverDevice>(device, std::move(id), total), options);
+    // An unmodified program cannot give cached memory back when asked. The
+    // pool of --pool can: the ledger's thread answers for it (its trim, with
+    // the device's context made current) and reports what it holds unused.
+    if (!pool_mode_) options.poll_period = std::chrono::milliseconds(0);
+    const DriverVmm* vmm = nullptr;
+    CUcontext context = nullptr;
+    if (pool_mode_) {
+      auto found = DriverVmm::find();
+      if (!found)
+        return Error(found.error().code(), "--pool " + std::string(mode_name(*pool_mode_)) + ": " +
+                                               found.error().message());
+      vmm = *found;
+      vmm->get_current(&context);  // the pool's calls are made in the context current now
+    }
+    *driver = std::make_shared<DriverDevice>(device, std::move(id), total, vmm, context);
+    return LedgerDevice::create(*driver, options);
   }
 
   /// A device whose ledger entry could not be registered gets nothing (its
@@ -460,14 +839,20 @@ class Interposer {
   }
 
   void shut_down() {
+    if (trace_ != nullptr) trace_->flush(/*last=*/true);
     std::map<CUdevice, std::shared_ptr<LedgerDevice>> ledgers;
+    std::map<CUdevice, ServingPool> pools;
     {
       std::lock_guard lock(mutex_);
       stopped_ = true;
       ledgers.swap(ledgers_);
+      pools.swap(pools_);
       addresses_.clear();
       handles_.clear();
+      served_.clear();
     }
+    report_pools(pools);
+    pools.clear();    // each gives its memory back to the driver
     ledgers.clear();  // each clears its entry in the segment
   }
 
@@ -477,10 +862,14 @@ class Interposer {
     static std::vector<std::shared_ptr<LedgerDevice>>* parents = new std::vector<std::shared_ptr<LedgerDevice>>();
     for (auto& [device, ledger] : ledgers_) parents->push_back(std::move(ledger));
     ledgers_.clear();
+    for (auto& [device, serving] : pools_) (void)serving.pool.release();  // the parent's memory: not freed here
+    pools_.clear();
+    served_.clear();
     addresses_.clear();
     handles_.clear();
     said_failed_.clear();
     new (&mutex_) std::mutex();  // another thread may have held it at fork
+    if (trace_ != nullptr) trace_->restart_after_fork();
   }
 
   std::mutex mutex_;
@@ -490,6 +879,11 @@ class Interposer {
   std::map<CUdeviceptr, Allocation> addresses_;
   std::map<CUmemGenericAllocationHandle, Allocation> handles_;
   std::size_t refusals_ = 0;
+  std::size_t free_problems_ = 0;
+  TraceFile* trace_ = nullptr;  // --record: null when not recording
+  std::optional<Mode> pool_mode_;              // --pool: the mode cuMemAlloc_v2 is served by
+  std::map<CUdevice, ServingPool> pools_;      // --pool: one per device
+  std::map<CUdeviceptr, Allocation> served_;   // --pool: the blocks it handed out
 };
 
 // --- the wrappers, one instance per function and slot ------------------------
@@ -504,15 +898,19 @@ CUresult alloc_wrapper(CUdeviceptr* dptr, std::size_t bytes) {
   CUdevice device = 0;
   if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
     return real(dptr, bytes);  // the driver's own answer
+  if (interposer.serves_pool())
+    if (std::optional<CUresult> served = interposer.serve(device, bytes, dptr)) return *served;
   return interposer.allocate(
-      device, bytes, false, [&] { return real(dptr, bytes); }, [&] { return *dptr; });
+      device, bytes, false, nullptr, [&] { return real(dptr, bytes); }, [&] { return *dptr; });
 }
 
 template <Fn F, int S>
 CUresult free_wrapper(CUdeviceptr dptr) {
   auto real = real_of<MemFreeFn>(F, S);
   if (real == nullptr) return not_found();
-  return Interposer::instance().free(false, dptr, [&] { return real(dptr); });
+  Interposer& interposer = Interposer::instance();
+  if (std::optional<CUresult> served = interposer.free_served(dptr)) return *served;
+  return interposer.free(false, dptr, nullptr, [&] { return real(dptr); });
 }
 
 template <Fn F, int S>
@@ -531,7 +929,7 @@ CUresult alloc_async_wrapper(CUdeviceptr* dptr, std::size_t bytes, CUstream stre
   if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
     return real(dptr, bytes, stream);
   return interposer.allocate(
-      device, bytes, false, [&] { return real(dptr, bytes, stream); }, [&] { return *dptr; });
+      device, bytes, false, stream, [&] { return real(dptr, bytes, stream); }, [&] { return *dptr; });
 }
 
 template <Fn F, int S>
@@ -543,14 +941,14 @@ CUresult alloc_from_pool_wrapper(CUdeviceptr* dptr, std::size_t bytes, CUmemoryP
   if (dptr == nullptr || bytes == 0 || interposer.stopped() || !interposer.current_device(&device))
     return real(dptr, bytes, pool, stream);
   return interposer.allocate(
-      device, bytes, false, [&] { return real(dptr, bytes, pool, stream); }, [&] { return *dptr; });
+      device, bytes, false, stream, [&] { return real(dptr, bytes, pool, stream); }, [&] { return *dptr; });
 }
 
 template <Fn F, int S>
 CUresult free_async_wrapper(CUdeviceptr dptr, CUstream stream) {
   auto real = real_of<MemFreeAsyncFn>(F, S);
   if (real == nullptr) return not_found();
-  return Interposer::instance().free(false, dptr, [&] { return real(dptr, stream); });
+  return Interposer::instance().free(false, dptr, stream, [&] { return real(dptr, stream); });
 }
 
 template <Fn F, int S>
@@ -564,14 +962,15 @@ CUresult create_wrapper(CUmemGenericAllocationHandle* handle, std::size_t bytes,
       interposer.stopped())
     return real(handle, bytes, prop, flags);
   return interposer.allocate(
-      prop->location.id, bytes, true, [&] { return real(handle, bytes, prop, flags); }, [&] { return *handle; });
+      prop->location.id, bytes, true, nullptr, [&] { return real(handle, bytes, prop, flags); },
+      [&] { return *handle; });
 }
 
 template <Fn F, int S>
 CUresult release_wrapper(CUmemGenericAllocationHandle handle) {
   auto real = real_of<MemReleaseFn>(F, S);
   if (real == nullptr) return not_found();
-  return Interposer::instance().free(true, handle, [&] { return real(handle); });
+  return Interposer::instance().free(true, handle, nullptr, [&] { return real(handle); });
 }
 
 template <Fn F, int S>
@@ -614,11 +1013,6 @@ CUresult get_proc_address_v2_wrapper(const char* symbol, void** pfn, int cuda_ve
       return real(symbol, &known, kKnownCudaVersion, flags, nullptr) == CUDA_SUCCESS ? known : nullptr;
     });
   return result;
-}
-
-template <class FnPtr>
-void* as_pointer(FnPtr fn) {
-  return reinterpret_cast<void*>(fn);
 }
 
 /// The wrapper of `fn` that forwards to slot `slot`.

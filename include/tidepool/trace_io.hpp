@@ -62,6 +62,22 @@ Expected<Trace> read_tidepool(std::string_view text, std::string name);
 /// The trace in tidepool's format. Precondition: summarize(trace) succeeds.
 std::string write_tidepool(const Trace& trace);
 
+/// Where an allocation was made: an `a` line's optional ADDRESS and DEVICE
+/// (docs/trace-format.md; read and checked, not kept: replay needs neither).
+struct EventOrigin {
+  std::uint64_t address = 0;
+  std::int32_t device = 0;
+};
+
+/// The header lines of a trace of `events` events, ending with `events N`;
+/// the counts (unmatched_frees, failed_allocs, blocks, events) have at least
+/// `count_width` digits, so that a trace written while it is recorded can
+/// rewrite them in place (0: as few as needed).
+void append_tidepool_header(std::string& out, const Trace& trace, std::size_t events, int count_width);
+
+/// One event line, with its '\n'; `origin` (alloc events only) adds ADDRESS and DEVICE.
+void append_tidepool_event(std::string& out, const Event& event, const EventOrigin* origin = nullptr);
+
 /// Writes write_tidepool(trace) to `path` (io_error naming the path).
 Status write_tidepool_file(const Trace& trace, const std::string& path);
 

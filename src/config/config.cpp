@@ -25,13 +25,17 @@ namespace {
 constexpr std::array<Mode, 5> kModes = {Mode::preallocate, Mode::growth, Mode::platform,
                                         Mode::expandable, Mode::cuda_async};
 
-// The variables this file reads. A TIDEPOOL_* variable not listed here is
-// reported as probably misspelt: add new variables to this list.
-constexpr std::array<std::string_view, 12> kTidepoolVariables = {
+// The variables this file reads, and those the interposer of `tidepool run`
+// reads itself (TIDEPOOL_RECORD, TIDEPOOL_POOL, TIDEPOOL_REPORT,
+// TIDEPOOL_RUN_PID: bindings/preload/). A TIDEPOOL_* variable not listed
+// here is reported as probably misspelt: add new variables to this list.
+constexpr std::array<std::string_view, 16> kTidepoolVariables = {
     "TIDEPOOL_ALLOCATOR",     "TIDEPOOL_MEM_FRACTION",      "TIDEPOOL_PREALLOCATE",
     "TIDEPOOL_DEVICE",        "TIDEPOOL_HOST_CAPACITY",     "TIDEPOOL_RELEASE_THRESHOLD",
     "TIDEPOOL_IDLE_RELEASE",  "TIDEPOOL_QUOTA",             "TIDEPOOL_LEDGER",
-    "TIDEPOOL_LEDGER_MODE",   "TIDEPOOL_LEDGER_NAME",       "TIDEPOOL_WAKE_WAIT"};
+    "TIDEPOOL_LEDGER_MODE",   "TIDEPOOL_LEDGER_NAME",       "TIDEPOOL_RECORD",
+    "TIDEPOOL_POOL",          "TIDEPOOL_REPORT",            "TIDEPOOL_RUN_PID",
+    "TIDEPOOL_WAKE_WAIT"};
 
 std::string known_names() {
   std::string out;

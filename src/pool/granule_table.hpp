@@ -1,15 +1,21 @@
 // The physical side of ExpandablePool: one record per granule of reserved
-// address space, saying whether a physical handle is mapped there and how many
-// live blocks overlap it, and the mapped granules no block uses two ways: a
+// address space, saying whether a physical handle is mapped there and whether
+// a live block overlaps it, and the mapped granules no block uses two ways: a
 // bitmap, whose highest is the one to steal, and a queue roughly in the order
-// they emptied (oldest first: the first to release). The queue is lazy, so that the cached path costs a counter per
-// granule: a granule used again stays queued and is skipped when it reaches
-// the front, and one freed again while still queued keeps its place.
+// they emptied (oldest first: the first to release). The queue is lazy: a
+// granule used again stays queued and is skipped when it reaches the front,
+// and one freed again while still queued keeps its place.
 //
-// A block's granules are a range, and the cached path works on ranges: the
-// records are kept field by field (one array each), so that taking or giving
-// back a use on every granule of a large block is a few tight loops the
-// compiler vectorizes, not a branch per granule.
+// The cached path costs a few word operations per 64 granules, not work per
+// granule, so that a 640 MiB block is about as cheap to hand out and take
+// back as a 2 MiB one:
+// - only the granules at a block's two ends can be shared with a neighbour,
+//   so only those count their live blocks (uses_); a granule strictly inside
+//   a live block is its alone and is simply not free;
+// - mapped and free granules are bitmaps, changed and counted a word at a
+//   time;
+// - the stream tags are one byte each (a slot in a short list of streams),
+//   read side by side.
 //
 // Not thread-safe: the owning pool serializes every call.
 #pragma once
@@ -18,6 +24,7 @@
 #include <cstdint>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <vector>
@@ -49,14 +56,37 @@ class GranuleBits {
     word &= ~bit(id % 64);
     if (word == 0) summary_[id / 4096] &= ~bit(id / 64 % 64);
   }
+  bool test(std::size_t id) const noexcept { return (words_[id / 64] & bit(id % 64)) != 0; }
+  /// How many bits of [first, last] are set.
+  std::size_t count(std::size_t first, std::size_t last) const noexcept {
+    std::size_t set = 0;
+    for (std::size_t w = first / 64; w <= last / 64; ++w) {
+      set += static_cast<std::size_t>(std::popcount(words_[w] & mask(w, first, last)));
+    }
+    return set;
+  }
+  /// Sets the bits of [first, last] that are set in `other` (of the same size).
+  void set_range_where(const GranuleBits& other, std::size_t first, std::size_t last) noexcept {
+    for (std::size_t w = first / 64; w <= last / 64; ++w) {
+      const std::uint64_t added = other.words_[w] & mask(w, first, last);
+      if (added == 0) continue;
+      words_[w] |= added;
+      summary_[w / 64] |= bit(w % 64);
+    }
+  }
+  /// Sets every bit of [first, last].
+  void set_range(std::size_t first, std::size_t last) noexcept {
+    for (std::size_t w = first / 64; w <= last / 64; ++w) {
+      words_[w] |= mask(w, first, last);
+      summary_[w / 64] |= bit(w % 64);
+    }
+  }
   /// Clears every bit of [first, last].
   void clear_range(std::size_t first, std::size_t last) noexcept {
     for (std::size_t w = first / 64; w <= last / 64; ++w) {
-      const std::size_t low = w == first / 64 ? first % 64 : 0;
-      const std::size_t high = w == last / 64 ? last % 64 : 63;
-      const std::uint64_t mask = (~std::uint64_t{0} >> (63 - high)) & (~std::uint64_t{0} << low);
-      if ((words_[w] & mask) == 0) continue;
-      words_[w] &= ~mask;
+      const std::uint64_t in_range = mask(w, first, last);
+      if ((words_[w] & in_range) == 0) continue;
+      words_[w] &= ~in_range;
       if (words_[w] == 0) summary_[w / 64] &= ~bit(w % 64);
     }
   }
@@ -73,47 +103,78 @@ class GranuleBits {
 
  private:
   static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
+  /// The bits of word w that lie in [first, last].
+  static constexpr std::uint64_t mask(std::size_t w, std::size_t first, std::size_t last) noexcept {
+    const std::size_t low = w == first / 64 ? first % 64 : 0;
+    const std::size_t high = w == last / 64 ? last % 64 : 63;
+    return (~std::uint64_t{0} >> (63 - high)) & (~std::uint64_t{0} << low);
+  }
   std::vector<std::uint64_t> words_;
   std::vector<std::uint64_t> summary_;
 };
 
+/// Whether each of the bytes [first, last] of `bytes` is `value`: eight at a
+/// time (one load and compare per word).
+inline bool all_bytes_are(const std::vector<std::uint8_t>& bytes, std::size_t first, std::size_t last,
+                          std::uint8_t value) noexcept {
+  const std::uint64_t word_of_value = 0x0101010101010101ull * value;
+  std::size_t at = first;
+  for (; at + 8 <= last + 1; at += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, bytes.data() + at, sizeof word);
+    if (word != word_of_value) return false;
+  }
+  for (; at <= last; ++at) {
+    if (bytes[at] != value) return false;
+  }
+  return true;
+}
+
 class GranuleTable {
  public:
+  /// Ranges longer than this are counted in the tree of mapped counts, not
+  /// word by word.
+  static constexpr GranuleId kLongRange = 4096;
+
   /// Appends `count` unmapped granules; returns the id of the first.
   GranuleId grow(std::size_t count) {
     const auto first = static_cast<GranuleId>(uses_.size());
     const std::size_t size = uses_.size() + count;
     handle_.resize(size, 0);
-    freed_on_.resize(size, kNoStream);
+    freed_on_.resize(size, kSettled);
     uses_.resize(size, 0);
-    mapped_flag_.resize(size, 0);
     queued_.resize(size, 0);
+    mapped_bits_.resize(size);
     free_bits_.resize(size);
     // The counts cover the granules by index: rebuilt for the new size (rare:
     // once per reservation of address space).
     mapped_counts_.assign(size + 1, 0);
     for (std::size_t id = 0; id < size; ++id) {
-      if (mapped_flag_[id] != 0) count_mapped(id, 1);
+      if (mapped_bits_.test(id)) count_mapped(id, 1);
     }
     return first;
   }
 
   std::size_t size() const noexcept { return uses_.size(); }
-  bool is_mapped(GranuleId id) const noexcept { return mapped_flag_[id] != 0; }
+  bool is_mapped(GranuleId id) const noexcept { return mapped_bits_.test(id); }
   PhysicalHandle handle(GranuleId id) const noexcept { return handle_[id]; }
   /// While free: the stream(s) whose queued work may still touch it, or kNoStream.
-  Stream freed_on(GranuleId id) const noexcept { return freed_on_[id]; }
-  void settled(GranuleId id) noexcept { freed_on_[id] = kNoStream; }
+  Stream freed_on(GranuleId id) const noexcept {
+    const std::uint8_t slot = freed_on_[id];
+    return slot == kSettled ? kNoStream : slot == kMany ? kManyStreams : streams_[slot - kFirstStream];
+  }
+  void settled(GranuleId id) noexcept { freed_on_[id] = kSettled; }
 
   std::size_t mapped() const noexcept { return mapped_; }
   /// Mapped granules no live block overlaps.
   std::size_t free_count() const noexcept { return free_count_; }
 
-  /// How many granules of [first, last] have no physical memory mapped: a
-  /// lookup in the mapped counts, not a walk over a large block's granules.
+  /// How many granules of [first, last] have no physical memory mapped.
   std::size_t unmapped_in(GranuleId first, GranuleId last) const noexcept {
-    if (first == last) return mapped_flag_[first] ^ 1u;
-    return last - first + 1 - (mapped_before(last + 1) - mapped_before(first));
+    if (first == last) return mapped_bits_.test(first) ? 0 : 1;
+    const std::size_t mapped = last - first < kLongRange ? mapped_bits_.count(first, last)
+                                                          : mapped_before(last + 1) - mapped_before(first);
+    return last - first + 1 - mapped;
   }
 
   /// One more live block overlaps every granule of [first, last]. Returns how
@@ -121,36 +182,27 @@ class GranuleTable {
   /// uses back (unuse_range).
   std::size_t use_range(GranuleId first, GranuleId last) noexcept {
     if (first == last) {  // most small blocks
-      if (mapped_flag_[first] == 0) {
-        ++uses_[first];
-        return 1;
-      }
-      if (uses_[first]++ == 0) {
+      if (uses_[first]++ == 0 && free_bits_.test(first)) {
         --free_count_;
         free_bits_.clear(first);
       }
-      return 0;
+      return mapped_bits_.test(first) ? 0 : 1;
     }
-    std::size_t unmapped = 0;
-    std::size_t taken = 0;  // free granules that now hold a block
-    for (std::size_t id = first; id <= last; ++id) {
-      const std::uint32_t mapped = mapped_flag_[id];
-      unmapped += mapped ^ 1u;
-      taken += mapped & static_cast<std::uint32_t>(uses_[id] == 0);
-      ++uses_[id];
-    }
+    ++uses_[first];
+    if (last != first) ++uses_[last];
+    const std::size_t taken = free_bits_.count(first, last);  // free granules that now hold a block
     if (taken != 0) {
       free_count_ -= taken;
       free_bits_.clear_range(first, last);
     }
-    return unmapped;
+    return unmapped_in(first, last);
   }
 
   /// Unmapped granule `id`, already used by the block being backed
   /// (use_range), now has `handle` mapped.
   void set_mapped(GranuleId id, PhysicalHandle handle) noexcept {
     handle_[id] = handle;
-    mapped_flag_[id] = 1;
+    mapped_bits_.set(id);
     count_mapped(id, 1);
     ++mapped_;
   }
@@ -160,44 +212,36 @@ class GranuleTable {
   /// granules it was the last use of become free.
   void unuse_range(GranuleId first, GranuleId last, Stream stream) {
     if (first == last) {  // most small blocks
-      unuse_one(first, stream);
+      if (stream != kNoStream) {
+        const std::uint8_t slot = slot_of(stream);
+        const std::uint8_t was = freed_on_[first];
+        if (was != slot) freed_on_[first] = was == kSettled ? slot : kMany;
+      }
+      unuse(first);
       return;
     }
-    if (stream != kNoStream) {
-      // Mostly every tag is this stream already (blocks freed where they were
-      // used, again and again): then reading them is all there is to do.
-      bool same = true;
-      for (std::size_t id = first; id <= last; ++id) same &= freed_on_[id] == stream;
-      if (!same) {
-        for (std::size_t id = first; id <= last; ++id) freed_on_[id] = merged(freed_on_[id], stream);
-      }
+    if (stream != kNoStream) tag(first, last, slot_of(stream));
+    unuse(first);
+    unuse(last);
+    if (last - first < 2) return;
+    // Every granule between the ends was the block's alone: each mapped one
+    // is free now.
+    const GranuleId inner_first = first + 1, inner_last = last - 1;
+    const std::size_t freed = mapped_bits_.count(inner_first, inner_last);
+    if (freed == 0) return;
+    free_count_ += freed;
+    free_bits_.set_range_where(mapped_bits_, inner_first, inner_last);
+    if (all_bytes_are(queued_, inner_first, inner_last, 1)) return;  // usual once warm: the lazy queue holds them still
+    for (GranuleId id = inner_first; id <= inner_last; ++id) {
+      if (queued_[id] == 0 && free_bits_.test(id)) enqueue(id);
     }
-    std::size_t emptied = 0;
-    for (std::size_t id = first; id <= last; ++id) {
-      emptied += static_cast<std::uint32_t>(--uses_[id] == 0) & mapped_flag_[id];
-    }
-    if (emptied == 0) return;
-    free_count_ += emptied;
-    for (std::size_t id = first; id <= last; ++id) {
-      if (uses_[id] != 0 || mapped_flag_[id] == 0) continue;
-      free_bits_.set(id);
-      if (queued_[id] == 0) enqueue(static_cast<GranuleId>(id));
-    }
-  }
-
-  void unuse_one(GranuleId id, Stream stream) {
-    if (stream != kNoStream && freed_on_[id] != stream) freed_on_[id] = merged(freed_on_[id], stream);
-    if (--uses_[id] != 0 || mapped_flag_[id] == 0) return;
-    ++free_count_;
-    free_bits_.set(id);
-    if (queued_[id] == 0) enqueue(id);
   }
 
   /// The free granule that has waited longest, or kNoGranule when none is free.
   GranuleId oldest_free() noexcept {
     while (!queue_.empty()) {
       const GranuleId id = queue_.front();
-      if (mapped_flag_[id] != 0 && uses_[id] == 0) return id;
+      if (free_bits_.test(id)) return id;
       queued_[id] = 0;  // stale: used again, or unmapped
       queue_.pop_front();
     }
@@ -213,28 +257,66 @@ class GranuleTable {
   /// device); its handle is returned for the caller to map again or release.
   /// A queue entry for it goes stale, to be skipped.
   PhysicalHandle take_free(GranuleId id) noexcept {
-    mapped_flag_[id] = 0;
+    mapped_bits_.clear(id);
     count_mapped(id, -1);
-    freed_on_[id] = kNoStream;
+    freed_on_[id] = kSettled;
     free_bits_.clear(id);
     --free_count_;
     --mapped_;
     return handle_[id];
   }
 
-  /// Unmaps mapped granule `id` that live blocks still use (a sleeping tag;
-  /// the caller has unmapped it on the device), keeping its uses: it is
-  /// unmapped and used, as while a block is backed, until set_mapped().
+  /// Unmaps mapped granule `id` that a live block still uses, not free (a
+  /// sleeping tag; the caller has unmapped it on the device), keeping its
+  /// uses: it is unmapped and used, as while a block is backed, until
+  /// set_mapped().
   PhysicalHandle take_used(GranuleId id) noexcept {
-    mapped_flag_[id] = 0;
+    mapped_bits_.clear(id);
     count_mapped(id, -1);
     --mapped_;
     return handle_[id];
   }
 
  private:
-  /// The mapped counts are a Fenwick tree over mapped_flag_: a change and a
-  /// prefix sum each cost log2(granules) steps.
+  // Stream tags, a byte each: settled, many streams, or streams_[slot - kFirstStream].
+  static constexpr std::uint8_t kSettled = 0, kMany = 1, kFirstStream = 2;
+
+  /// One use less on granule `id` (a block's end); free if it was the last
+  /// and it is mapped.
+  void unuse(GranuleId id) {
+    if (--uses_[id] != 0 || !mapped_bits_.test(id)) return;
+    ++free_count_;
+    free_bits_.set(id);
+    if (queued_[id] == 0) enqueue(id);
+  }
+  /// Every granule of [first, last] may also be touched by work on the
+  /// stream of `slot` now.
+  void tag(GranuleId first, GranuleId last, std::uint8_t slot) noexcept {
+    // Mostly every tag is this stream already (blocks freed where they were
+    // used, again and again): then reading them is all there is to do.
+    if (all_bytes_are(freed_on_, first, last, slot)) return;
+    for (std::size_t id = first; id <= last; ++id) {
+      const std::uint8_t was = freed_on_[id];
+      freed_on_[id] = was == kSettled || was == slot ? slot : kMany;
+    }
+  }
+  /// The tag slot of `stream`; kMany once 254 streams have their own.
+  std::uint8_t slot_of(Stream stream) {
+    if (stream == last_stream_) return last_slot_;  // mostly the same stream as the free before
+    last_stream_ = stream;
+    last_slot_ = find_slot(stream);
+    return last_slot_;
+  }
+  std::uint8_t find_slot(Stream stream) {
+    for (std::size_t i = 0; i < streams_.size(); ++i) {
+      if (streams_[i] == stream) return static_cast<std::uint8_t>(i + kFirstStream);
+    }
+    if (streams_.size() + kFirstStream > std::numeric_limits<std::uint8_t>::max()) return kMany;
+    streams_.push_back(stream);
+    return static_cast<std::uint8_t>(streams_.size() - 1 + kFirstStream);
+  }
+  /// The mapped counts are a Fenwick tree over the mapped bits: a change and
+  /// a prefix sum each cost log2(granules) steps. Long ranges are counted here.
   void count_mapped(std::size_t id, int change) noexcept {
     for (std::size_t i = id + 1; i < mapped_counts_.size(); i += i & (~i + 1)) {
       mapped_counts_[i] += static_cast<std::uint32_t>(change);
@@ -246,10 +328,6 @@ class GranuleTable {
     for (std::size_t i = end; i > 0; i &= i - 1) sum += mapped_counts_[i];
     return sum;
   }
-  /// A free granule's tag once a block freed on `stream` overlapped it too.
-  static Stream merged(Stream tag, Stream stream) noexcept {
-    return tag == kNoStream || tag == stream ? stream : kManyStreams;
-  }
   void enqueue(GranuleId id) {
     queued_[id] = 1;
     queue_.push_back(id);
@@ -257,12 +335,15 @@ class GranuleTable {
 
   // One entry per granule in each.
   std::vector<PhysicalHandle> handle_;
-  std::vector<Stream> freed_on_;
-  std::vector<std::uint32_t> uses_;         // live blocks that overlap it
-  std::vector<std::uint8_t> mapped_flag_;   // a handle is mapped there
+  std::vector<std::uint8_t> freed_on_;      // stream tag slot (tag())
+  std::vector<std::uint32_t> uses_;         // live blocks that end in it (0 inside a live block)
   std::vector<std::uint8_t> queued_;        // in queue_ (perhaps stale: used again since)
-  GranuleBits free_bits_;                   // mapped granules no block uses
-  std::vector<std::uint32_t> mapped_counts_;  // Fenwick tree of mapped_flag_ (count_mapped)
+  GranuleBits mapped_bits_;                 // a handle is mapped there
+  GranuleBits free_bits_;                   // mapped granules no block overlaps
+  std::vector<std::uint32_t> mapped_counts_;  // Fenwick tree of mapped_bits_ (count_mapped)
+  std::vector<Stream> streams_;             // the stream of each tag slot
+  Stream last_stream_ = kNoStream;          // slot_of()'s last answer
+  std::uint8_t last_slot_ = kMany;
   std::deque<GranuleId> queue_;
   std::size_t mapped_ = 0;
   std::size_t free_count_ = 0;

@@ -13,21 +13,6 @@ namespace {
 
 constexpr std::string_view kMagic = "tidepool-trace 1";
 
-void append_number(std::string& out, std::uint64_t value) {
-  char buffer[24];
-  auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
-  (void)error;  // 24 characters hold any 64-bit number
-  out.append(buffer, end);
-}
-
-void append_time(std::string& out, std::int64_t time_us) {
-  if (time_us < 0) {
-    out += '-';
-    return;
-  }
-  append_number(out, static_cast<std::uint64_t>(time_us));
-}
-
 // Splits a line into at most `N` space-separated fields; returns how many.
 template <std::size_t N>
 std::size_t split(std::string_view line, std::string_view (&fields)[N]) {
@@ -46,61 +31,6 @@ std::size_t split(std::string_view line, std::string_view (&fields)[N]) {
 }
 
 }  // namespace
-
-std::string write_tidepool(const Trace& trace) {
-  std::string out;
-  out.reserve(96 + trace.events.size() * 28);
-  out += kMagic;
-  out += "\n# ";
-  out += trace.format.empty() ? "unknown" : trace.format;
-  out += " trace, written by tidepool; format: docs/trace-format.md\nname ";
-  for (char c : trace.name) out += (c == '\n' || c == '\r') ? ' ' : c;
-  out += "\ndevice ";
-  out += std::to_string(trace.device);
-  out += "\ndevice_capacity ";
-  append_number(out, trace.device_capacity);
-  out += "\nunmatched_frees ";
-  append_number(out, trace.unmatched_frees);
-  out += "\nseeded_blocks ";
-  append_number(out, trace.seeded_blocks);
-  out += "\nseeded_bytes ";
-  append_number(out, trace.seeded_bytes);
-  out += "\nfailed_allocs ";
-  append_number(out, trace.failed_allocs);
-  out += "\nblocks ";
-  append_number(out, trace.num_blocks);
-  out += "\nevents ";
-  append_number(out, trace.events.size());
-  out += '\n';
-  for (const Event& event : trace.events) {
-    switch (event.op) {
-      case Op::alloc:
-        out += "a ";
-        append_number(out, event.block);
-        out += ' ';
-        append_number(out, event.bytes);
-        break;
-      case Op::free:
-        out += "f ";
-        append_number(out, event.block);
-        break;
-      case Op::segment_alloc:
-        out += "sa ";
-        append_number(out, event.bytes);
-        break;
-      case Op::segment_free:
-        out += "sf ";
-        append_number(out, event.bytes);
-        break;
-    }
-    out += ' ';
-    append_number(out, event.stream);
-    out += ' ';
-    append_time(out, event.time_us);
-    out += '\n';
-  }
-  return out;
-}
 
 Expected<Trace> read_tidepool(std::string_view data, std::string name) {
   text::Lines lines(data);
@@ -181,15 +111,23 @@ Expected<Trace> read_tidepool(std::string_view data, std::string name) {
 
   while ((line = lines.next())) {
     if (line->empty() || line->front() == '#') continue;
-    std::string_view fields[5];
+    std::string_view fields[7];
     const std::size_t count = split(*line, fields);
     Event event;
     const std::string_view kind = count > 0 ? fields[0] : std::string_view{};
     const std::size_t expected = kind == "a" ? 5 : (kind == "f" || kind == "sa" || kind == "sf") ? 4 : 0;
     if (expected == 0) return fail("unknown event '" + std::string{kind} + "' (expected a, f, sa or sf)");
-    if (count != expected) {
-      return fail("event '" + std::string{kind} + "' needs " + std::to_string(expected) + " fields, found " +
-                  (count > 5 ? std::string{"more"} : std::to_string(count)));
+    const bool with_origin = kind == "a" && count == 7;  // a BLOCK BYTES STREAM TIME ADDRESS DEVICE
+    if (count != expected && !with_origin) {
+      return fail("event '" + std::string{kind} + "' needs " + std::to_string(expected) +
+                  (kind == "a" ? " (or 7, with ADDRESS and DEVICE)" : "") + " fields, found " +
+                  (count > 7 ? std::string{"more"} : std::to_string(count)));
+    }
+    if (with_origin) {
+      const bool hex = fields[5].size() > 2 && fields[5].substr(0, 2) == "0x";
+      if (!hex || !text::parse_unsigned(fields[5].substr(2), 16))
+        return fail("address '" + std::string{fields[5]} + "' is not 0x and a hexadecimal number");
+      if (!text::parse_unsigned(fields[6])) return fail("device '" + std::string{fields[6]} + "' is not a device index");
     }
     std::optional<std::uint64_t> first = text::parse_unsigned(fields[1]);
     if (!first) return fail("'" + std::string{fields[1]} + "' is not a number");

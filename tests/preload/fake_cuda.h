@@ -36,6 +36,7 @@ typedef struct {
 struct fake_cuda_counts {
   long mem_alloc, mem_free, mem_get_info, mem_alloc_async, mem_free_async;
   long mem_create, mem_release, get_proc_address, per_thread_stream_calls, device_total_mem;
+  long address_reserve, mem_map, mem_unmap, ctx_synchronize;
 };
 
 int cuInit(unsigned int flags);
@@ -49,6 +50,7 @@ int cuMemCreate(unsigned long long* handle, size_t bytes, const void* prop, unsi
 int cuMemRelease(unsigned long long handle);
 int cuGetProcAddress(const char* symbol, void** pfn, int version, uint64_t flags);
 int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
+int cuCtxSynchronize(void);
 
 void fake_cuda_get_counts(struct fake_cuda_counts* out);
 /* Prints the counts as the one "driver_calls ..." line the tests parse. */
@@ -59,8 +61,12 @@ static inline void fake_cuda_print_counts(void) {
          "mem_release=%ld per_thread=%ld\n",
          counts.mem_alloc, counts.mem_free, counts.mem_alloc_async, counts.mem_free_async, counts.mem_create,
          counts.mem_release, counts.per_thread_stream_calls);
+  printf("vmm_calls address_reserve=%ld mem_map=%ld mem_unmap=%ld ctx_synchronize=%ld\n", counts.address_reserve,
+         counts.mem_map, counts.mem_unmap, counts.ctx_synchronize);
 }
 size_t fake_cuda_used_bytes(void);
+/* cuMemAlloc past any interposer: memory of "another allocator". */
+int fake_cuda_mem_alloc_direct(unsigned long long* dptr, size_t bytes);
 /* Makes `device`'s context current; -1: none. */
 void fake_cuda_set_current(int device);
 

@@ -8,12 +8,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "tidepool/ledger.hpp"
+#include "tidepool/trace_io.hpp"
 
 namespace {
 
@@ -48,7 +51,7 @@ class Child {
     stderr_fd_ = err[0];
   }
   ~Child() {
-    if (pid_ > 0 && status_ < 0) finish();
+    if (pid_ > 0 && !finished_) finish();
   }
 
   /// Reads output lines until one equals `line` (true) or the output ends.
@@ -68,6 +71,7 @@ class Child {
   }
   /// Reads the rest, waits; returns the exit status (-1 on a signal).
   int finish() {
+    finished_ = true;  // once: a status of -1 (killed by a signal) is finished too
     read_until("\x01never");
     std::fclose(stdin_);
     std::fclose(stdout_);
@@ -110,6 +114,7 @@ class Child {
 
   pid_t pid_ = -1;
   int status_ = -1;
+  bool finished_ = false;
   FILE* stdin_ = nullptr;
   FILE* stdout_ = nullptr;
   int stderr_fd_ = -1;
@@ -335,6 +340,208 @@ TEST(Interposer, NewerRevisionsAreNotWrappedBlindly) {
   EXPECT_EQ(run.app.number("future_alloc"), 0);  // 2 GiB past the 1 GiB quota: not accounted
   EXPECT_NE(run.app.errors().find("cuGetProcAddress(\"cuMemAlloc\", cudaVersion=99000)"), std::string::npos)
       << run.app.errors();
+}
+
+/// A file name for a recorded trace, removed (with FILE.PID files) at the end.
+struct TraceFiles {
+  explicit TraceFiles(const char* what) : path("/tmp/tidepool-record-" + std::string(what) + "-" + std::to_string(getpid())) {}
+  ~TraceFiles() {
+    std::remove(path.c_str());
+    for (const auto& child : children) std::remove(child.c_str());
+  }
+  std::string child(long long pid) { return children.emplace_back(path + "." + std::to_string(pid)); }
+  std::string path;
+  std::vector<std::string> children;
+};
+
+tidepool::trace::TraceSummary summary_of(const std::string& path) {
+  auto trace = tidepool::trace::read_trace(path);
+  EXPECT_TRUE(trace) << trace.error().message();
+  if (!trace) return {};
+  auto summary = tidepool::trace::summarize(*trace);
+  EXPECT_TRUE(summary) << summary.error().message();
+  return summary ? *summary : tidepool::trace::TraceSummary{};
+}
+
+TEST(Record, APatternReplaysToItsPeakLive) {
+  TraceFiles files("pattern");
+  const std::string ledger = segment_name("record");
+  RemoveSegment cleanup{ledger};
+  unsetenv("XLA_PYTHON_CLIENT_ALLOCATOR");
+  setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "0", 1);  // the user's own setting is kept
+  Child app({TIDEPOOL_CLI, "run", "--ledger", ledger, "--record", files.path, "--", RECORD_APP, "pattern"});
+  unsetenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  for (const char* step : {"streams", "segment", "small", "child_status", "kept"})
+    EXPECT_EQ(app.number(step), 0) << step;
+  EXPECT_NE(app.errors().find("setting XLA_PYTHON_CLIENT_ALLOCATOR=platform"), std::string::npos) << app.errors();
+  EXPECT_NE(app.errors().find("PYTORCH_NO_CUDA_MEMORY_CACHING=0 is kept as you set it"), std::string::npos)
+      << app.errors();
+
+  auto trace = tidepool::trace::read_trace(files.path);
+  ASSERT_TRUE(trace) << trace.error().message();
+  // 4 on two streams, the cuMemCreate, 3000 small ones (past the 64 KiB
+  // buffer), and the 1 MiB kept; all but that one freed.
+  EXPECT_EQ(trace->num_blocks, 4u + 1 + 3000 + 1);
+  EXPECT_EQ(trace->events.size(), 2 * trace->num_blocks - 1);
+  ASSERT_GE(trace->events.size(), 8u);
+  const std::vector<std::pair<tidepool::trace::Op, tidepool::Stream>> first = {
+      {tidepool::trace::Op::alloc, 0},      {tidepool::trace::Op::alloc, 0x1000}, {tidepool::trace::Op::alloc, 0x2000},
+      {tidepool::trace::Op::free, 0x1000},  {tidepool::trace::Op::alloc, 0x2000}, {tidepool::trace::Op::free, 0},
+      {tidepool::trace::Op::free, 0x2000},  {tidepool::trace::Op::free, 0x1000}};
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(trace->events[i].op, first[i].first) << i;
+    EXPECT_EQ(trace->events[i].stream, first[i].second) << i;
+    EXPECT_GT(trace->events[i].time_us, 0) << i;
+  }
+  const auto summary = summary_of(files.path);
+  EXPECT_EQ(summary.peak_live_bytes, 8 * MiB);
+  EXPECT_EQ(summary.live_bytes_at_end, MiB);
+
+  // The child wrote its own trace, FILE.PID.
+  const auto child = summary_of(files.child(app.number("child_pid")));
+  EXPECT_EQ(child.allocs, 2u);
+  EXPECT_EQ(child.peak_live_bytes, 11 * MiB);
+
+  // tidepool replay compares the modes on it, to the same peak live.
+  Child replay({TIDEPOOL_CLI, "replay", files.path});
+  ASSERT_EQ(replay.finish(), 0) << replay.errors();
+  EXPECT_TRUE(replay.has(files.path)) << replay.errors();
+  EXPECT_NE(replay.text(files.path).find("peak live 8.00 MiB"), std::string::npos) << replay.text(files.path);
+}
+
+TEST(Record, TheTraceSurvivesSigterm) {
+  TraceFiles files("sigterm");
+  const std::string ledger = segment_name("record-term");
+  RemoveSegment cleanup{ledger};
+  Child app({TIDEPOOL_CLI, "run", "--ledger", ledger, "--record", files.path, "--", RECORD_APP, "sigterm"});
+  EXPECT_EQ(app.finish(), -1) << app.errors();  // killed by SIGTERM, as without tidepool
+  EXPECT_TRUE(app.has("terminating"));
+  EXPECT_FALSE(app.has("survived"));
+  const auto summary = summary_of(files.path);
+  EXPECT_EQ(summary.allocs, 10u);
+  EXPECT_EQ(summary.peak_live_bytes, 10 * MiB);
+}
+
+TEST(Record, AProgramThatAllocatesNothingLeavesAnEmptyTrace) {
+  TraceFiles files("nothing");
+  Child app({TIDEPOOL_CLI, "run", "--record", files.path, "--", "/bin/true"});
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  auto trace = tidepool::trace::read_trace(files.path);
+  ASSERT_TRUE(trace) << trace.error().message();
+  EXPECT_EQ(trace->events.size(), 0u);
+}
+
+TEST(Record, AnUnwritableFileIsRefusedBeforeTheProgramStarts) {
+  Child app({TIDEPOOL_CLI, "run", "--record", "/nonexistent/dir/trace", "--", RECORD_APP, "pattern"});
+  EXPECT_EQ(app.finish(), 1);
+  EXPECT_NE(app.errors().find("--record '/nonexistent/dir/trace': cannot write it"), std::string::npos)
+      << app.errors();
+  EXPECT_FALSE(app.has("pid"));
+}
+
+// --pool expandable: cuMemAlloc_v2 served from the pool over the fake
+// driver's virtual-memory calls (real memory: data written is read back).
+TEST(Pool, ServesTheProgramsAllocationsFromThePool) {
+  const std::string ledger = segment_name("pool");
+  RemoveSegment cleanup{ledger};
+  TraceFiles report("pool-report");
+  setenv("TIDEPOOL_REPORT", report.path.c_str(), 1);
+  Child app({TIDEPOOL_CLI, "run", "--pool", "expandable", "--quota", "4GiB", "--ledger", ledger, "--", POOL_APP,
+             "--wait"});
+  unsetenv("TIDEPOOL_REPORT");
+  ASSERT_TRUE(app.read_until("ready")) << app.errors();
+  EXPECT_EQ(app.number("alloc"), 0);
+  EXPECT_EQ(app.number("intact"), 1);
+  EXPECT_EQ(app.number("realloc"), 0);
+  EXPECT_EQ(app.number("intact_after"), 1);
+  // A double free and a pointer inside a block are refused as the driver
+  // refuses them (CUDA_ERROR_INVALID_VALUE); memory the driver gave past
+  // the pool is freed by the driver.
+  EXPECT_EQ(app.numbers("double_free"), (std::vector<long long>{0, 0, 1}));
+  EXPECT_EQ(app.number("inside_free"), 1);
+  EXPECT_EQ(app.numbers("foreign"), (std::vector<long long>{0, 0}));
+  // Beyond the quota: out of memory; the quota is the device it sees.
+  EXPECT_EQ(app.number("beyond"), kOutOfMemory);
+  EXPECT_EQ(app.number("info", 2), static_cast<long long>(4 * GiB));
+
+  // The footprint is the pool's: 2 MiB granules the driver created, just
+  // above what is live, and the ledger holds exactly them.
+  const long long live = app.number("live");
+  const long long physical = app.number("physical");
+  EXPECT_EQ(physical % static_cast<long long>(2 * MiB), 0);
+  EXPECT_GE(physical, live);
+  EXPECT_LT(physical, live + static_cast<long long>(12 * 2 * MiB));
+  {
+    auto opened = tidepool::Ledger::open_existing(ledger);
+    ASSERT_TRUE(opened) << opened.error().message();
+    auto snapshot = (*opened)->snapshot();
+    ASSERT_TRUE(snapshot);
+    const auto* entry = entry_of(*snapshot, app.number("pid"));
+    ASSERT_NE(entry, nullptr);
+    EXPECT_EQ(entry->reserved_bytes, static_cast<std::size_t>(physical));
+  }
+  // What the pool holds unused (its blocks are the sizes asked, 512-byte
+  // multiples here) is free to the program: the quota less what is live.
+  EXPECT_EQ(app.number("info", 1), static_cast<long long>(4 * GiB) - live);
+
+  app.send_line();
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  EXPECT_EQ(app.number("free"), 0);
+  // The pool made no cuMemAlloc (the one is the program's own, past it), and
+  // each of the program's 19 frees of a pool block waited for the device.
+  EXPECT_EQ(app.text("driver_calls").substr(0, 24), " mem_alloc=1 mem_free=1 ");
+  EXPECT_NE(app.text("vmm_calls").find("ctx_synchronize=19"), std::string::npos) << app.text("vmm_calls");
+  EXPECT_NE(app.errors().find("tidepool: pool expandable on device 0: 19 allocations"), std::string::npos)
+      << app.errors();
+  std::ifstream json(report.path);
+  const std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"mode\": \"expandable\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"ooms\": 1"), std::string::npos) << text;
+}
+
+// A pool holding cached memory gives it back when another process needs it.
+TEST(Pool, CachedMemoryIsTrimmedForAnotherProcess) {
+  const std::string ledger = segment_name("pool-trim");
+  RemoveSegment cleanup{ledger};
+  Child holder({TIDEPOOL_CLI, "run", "--pool", "expandable", "--ledger", ledger, "--", POOL_APP, "hold-cached",
+                "10"});
+  ASSERT_TRUE(holder.read_until("cached 0")) << holder.errors();
+  // 10 of the 16 GiB are cached by the holder: 8 GiB fit only once it trims.
+  Child taker({TIDEPOOL_CLI, "run", "--ledger", ledger, "--", POOL_APP, "take", "8"});
+  ASSERT_EQ(taker.finish(), 0) << taker.errors();
+  EXPECT_EQ(taker.number("take"), 0) << taker.errors();
+  holder.send_line();
+  ASSERT_EQ(holder.finish(), 0) << holder.errors();
+  EXPECT_EQ(holder.text("vmm_calls").find("mem_unmap=0 "), std::string::npos) << holder.text("vmm_calls");
+}
+
+// The Python way in: ctypes loads the driver and allocates through it.
+TEST(Pool, ServesAPythonProgram) {
+  if (std::system("command -v python3 > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 on PATH";
+  const std::string ledger = segment_name("pool-python");
+  RemoveSegment cleanup{ledger};
+  setenv("LD_LIBRARY_PATH", FAKE_DRIVER_DIR, 1);
+  Child app({TIDEPOOL_CLI, "run", "--pool", "expandable", "--ledger", ledger, "--", "/usr/bin/env", "python3",
+             POOL_APP_PY});
+  unsetenv("LD_LIBRARY_PATH");
+  ASSERT_EQ(app.finish(), 0) << app.errors();
+  EXPECT_EQ(app.number("alloc"), 0) << app.errors();
+  EXPECT_EQ(app.number("intact"), 1);
+  EXPECT_EQ(app.numbers("double_free"), (std::vector<long long>{0, 1}));
+  EXPECT_EQ(app.number("physical") % static_cast<long long>(2 * MiB), 0);
+  EXPECT_GE(app.number("physical"), app.number("live"));
+  EXPECT_NE(app.errors().find("tidepool: pool expandable on device 0"), std::string::npos) << app.errors();
+}
+
+TEST(Pool, RefusesModesThatCannotServe) {
+  Child bad({TIDEPOOL_CLI, "run", "--pool", "bogus", "--", POOL_APP});
+  EXPECT_EQ(bad.finish(), 1);
+  EXPECT_NE(bad.errors().find("--pool: "), std::string::npos) << bad.errors();
+  EXPECT_FALSE(bad.has("pid"));
+  Child driver_pool({TIDEPOOL_CLI, "run", "--pool", "cuda_async", "--", POOL_APP});
+  EXPECT_EQ(driver_pool.finish(), 1);
+  EXPECT_NE(driver_pool.errors().find("--pool cuda_async"), std::string::npos) << driver_pool.errors();
 }
 
 TEST(RunCommand, RefusesBadArguments) {

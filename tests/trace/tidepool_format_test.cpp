@@ -125,7 +125,12 @@ TEST(TidepoolFormat, BadFilesNameTheLine) {
       {"tidepool-trace 1\nblocks 0\nblocks 0\nevents 0\n", "line 3: 'blocks' appears twice"},
       {"tidepool-trace 1\nblocks 1\nevents 99999999\n", "line 3: the header announces 99999999 events and 1 blocks, more than the file holds"},
       {head + "a 0 10 0 -\nx 0 0 -\n", "line 5: unknown event 'x'"},
-      {head + "a 0 10 0\n", "line 4: event 'a' needs 5 fields, found 4"},
+      {head + "a 0 10 0\n", "line 4: event 'a' needs 5 (or 7, with ADDRESS and DEVICE) fields, found 4"},
+      {head + "a 0 10 0 - 0x1f\n", "line 4: event 'a' needs 5 (or 7, with ADDRESS and DEVICE) fields, found 6"},
+      {head + "a 0 10 0 - 1f 0\n", "line 4: address '1f' is not 0x and a hexadecimal number"},
+      {head + "a 0 10 0 - 0xzz 0\n", "line 4: address '0xzz' is not 0x and a hexadecimal number"},
+      {head + "a 0 10 0 - 0x1f gpu\n", "line 4: device 'gpu' is not a device index"},
+      {head + "f 0 0 - 0x1f 0\n", "line 4: event 'f' needs 4 fields, found 6"},
       {head + "a 1 10 0 -\n", "line 4: allocates block 1, expected block 0"},
       {head + "a 0 ten 0 -\n", "line 4: bytes 'ten' is not a number"},
       {head + "a 0 10 0 -\nf 1 0 -\n", "line 5: frees block 1, which is not live"},
@@ -141,6 +146,31 @@ TEST(TidepoolFormat, BadFilesNameTheLine) {
     EXPECT_EQ(trace.error().code(), Errc::corrupt_data);
     EXPECT_THAT(trace.error().message(), HasSubstr("bad.trace: " + message));
   }
+}
+
+// tidepool run --record's lines: counts with leading zeros (rewritten in
+// place as the file grows), allocations with their address and device.
+TEST(TidepoolFormat, ReadsRecordedTracesWithAddressesAndPaddedCounts) {
+  Trace header;
+  header.name = "recorded";
+  header.format = "cuda-driver";
+  header.num_blocks = 1;
+  std::string text;
+  append_tidepool_header(text, header, 2, 20);
+  EXPECT_THAT(text, HasSubstr("\nblocks 00000000000000000001\nevents 00000000000000000002\n"));
+  Event alloc{Op::alloc, 0, 4096, 0x1000, 7};
+  const EventOrigin origin{0x7f00deadbe00, 1};
+  append_tidepool_event(text, alloc, &origin);
+  append_tidepool_event(text, Event{Op::free, 0, 4096, 0x2000, 9}, &origin);  // origin: alloc lines only
+  EXPECT_THAT(text, HasSubstr("\na 0 4096 4096 7 0x7f00deadbe00 1\nf 0 8192 9\n"));
+  auto trace = read_tidepool(text, "recorded.trace");
+  ASSERT_TRUE(trace) << trace.error().message();
+  EXPECT_EQ(trace->num_blocks, 1u);
+  ASSERT_EQ(trace->events.size(), 2u);
+  EXPECT_EQ(trace->events[0].bytes, 4096u);
+  EXPECT_EQ(trace->events[0].stream, 0x1000u);
+  EXPECT_EQ(trace->events[1].stream, 0x2000u);
+  EXPECT_EQ(trace->events[1].time_us, 9);
 }
 
 TEST(TidepoolFormat, EveryPrefixReadsOrFailsCleanly) {
