@@ -123,20 +123,25 @@ class TagRegistry {
 /// (`owner`) it has opened one on.
 class ThreadTags {
  public:
-  static void push(const void* owner, TagId tag) { scopes().emplace_back(owner, tag); }
+  static void push(const void* owner, TagId tag) {
+    scopes().emplace_back(owner, tag);
+    ++open_count;
+  }
   /// Closes the innermost scope on `owner`; false when none is open.
   static bool pop(const void* owner) {
     auto& open = scopes();
     for (std::size_t i = open.size(); i-- > 0;) {
       if (open[i].first != owner) continue;
       open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+      --open_count;
       return true;
     }
     return false;
   }
   /// The innermost open tag on `owner`, or kUntagged: a thread with no
-  /// scope open pays one empty() check.
+  /// scope open pays one load of a plain thread-local count.
   static TagId current(const void* owner) noexcept {
+    if (open_count == 0) return kUntagged;
     const auto& open = scopes();
     for (std::size_t i = open.size(); i-- > 0;) {
       if (open[i].first == owner) return open[i].second;
@@ -149,6 +154,9 @@ class ThreadTags {
     thread_local std::vector<std::pair<const void*, TagId>> open;
     return open;
   }
+  // scopes().size(), in a variable with no constructor: reading it needs no
+  // thread-local initialization check.
+  static inline thread_local constinit std::size_t open_count = 0;
 };
 
 /// One copy between device and host memory: `granules` granules at device
