@@ -1,5 +1,8 @@
 // Fuzzes every pool with decoded operation sequences over a small host device:
-// allocate(size, stream), free(k), trim(), stats(). After each operation:
+// allocate(size, stream), free(k), trim(), stats(); where the pool has tags
+// (expandable), allocations in two tags and sleep/wake of either, contents
+// kept or not (a sleeping tag's blocks are freed but never touched; a wake
+// that kept contents must give every byte back). After each operation:
 // no two live blocks overlap, every live block is writable memory holding the
 // bytes written into it, and the stats agree with the live set. At the end,
 // freeing everything brings bytes_in_use to 0 and trim() gives the device
@@ -17,6 +20,7 @@
 
 #include "tidepool/config.hpp"
 #include "tidepool/host_device.hpp"
+#include "tidepool/sleep.hpp"
 
 namespace {
 
@@ -37,7 +41,10 @@ Mode fuzzed_mode = Mode::preallocate;  // named when an invariant fails
 struct Block {
   std::size_t bytes;
   std::uint8_t mark;
+  int tag = 0;  // 0: untagged; 1, 2: kTagNames[tag]
 };
+
+constexpr const char* kTagNames[] = {"", "a", "b"};
 
 struct Reader {
   const std::uint8_t* data;
@@ -94,14 +101,43 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::uintptr_t> order;     // by allocation, for free(k)
   std::int64_t successes = 0;
   std::uint8_t mark = 1;
+  Sleepable* tags = allocator.sleepable();
+  bool asleep[3] = {false, false, false};
+  // Wakes tag t; its blocks hold their marks again (kept) or are rewritten.
+  auto wake = [&](int t, bool kept) -> bool {
+    Status woken = tags->wake(kTagNames[t]);
+    if (!woken) {
+      require(woken.error().code() == Errc::out_of_memory);  // others grew into its room
+      return false;
+    }
+    asleep[t] = false;
+    for (const auto& [address, block] : live) {
+      if (block.tag != t) continue;
+      if (kept) {
+        check_marks(reinterpret_cast<void*>(address), block);
+      } else {
+        write_marks(reinterpret_cast<void*>(address), block);
+      }
+    }
+    return true;
+  };
+  bool kept[3] = {true, true, true};
 
   for (int steps = 0; !in.done() && steps < 4096; ++steps) {
     const std::uint8_t op = in.next();
     if (op % 8 < 4) {
       const std::size_t bytes = decode_size(in);
       const Stream stream = (op & 0x10) ? 1 : kDefaultStream;
+      const int tag = tags != nullptr && (op & 0x40) ? 1 + (op >> 7) : 0;
       const Stats before = allocator.stats();
+      if (tag != 0) require(tags->tag_begin(kTagNames[tag]).has_value());
       auto ptr = allocator.allocate(bytes, stream);
+      if (tag != 0) require(tags->tag_end().has_value());
+      if (tag != 0 && asleep[tag]) {  // refused, whatever the size
+        require(bytes == 0 || bytes > static_cast<std::size_t>(before.bytes_limit) ||
+                (!ptr && ptr.error().code() == Errc::invalid_argument));
+        continue;
+      }
       if (!ptr) {
         require(ptr.error().code() == Errc::out_of_memory);
         if (mode == Mode::expandable) {
@@ -128,7 +164,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         auto previous = std::prev(next);
         require(previous->first + previous->second.bytes <= address);
       }
-      Block block{bytes, mark++};
+      Block block{bytes, mark++, tag};
       write_marks(*ptr, block);
       live.emplace(address, block);
       order.push_back(address);
@@ -138,13 +174,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       order[k] = order.back();
       order.pop_back();
       auto it = live.find(address);
-      check_marks(reinterpret_cast<void*>(address), it->second);
+      if (!asleep[it->second.tag]) check_marks(reinterpret_cast<void*>(address), it->second);
       require(allocator.deallocate(reinterpret_cast<void*>(address), (op & 0x10) ? 1 : 0).has_value());
       live.erase(it);
       // The same pointer again is a double free, refused without harm.
       if (op & 0x20) require(!allocator.deallocate(reinterpret_cast<void*>(address)).has_value());
     } else if (op % 8 == 6) {
       allocator.trim();
+    } else if (tags != nullptr && (op & 0x40)) {
+      // Sleep or wake tag a or b; sleeping twice and waking an awake tag are refused.
+      const int t = 1 + (op >> 7);
+      if (asleep[t]) {
+        require(!tags->sleep(kTagNames[t], SleepKeep::nothing).has_value());
+        (void)wake(t, kept[t]);
+      } else {
+        require(!tags->wake(kTagNames[t]).has_value());  // awake, or not made yet
+        Status slept = tags->sleep(kTagNames[t], (op & 0x20) ? SleepKeep::nothing : SleepKeep::contents);
+        if (slept) {
+          asleep[t] = true;
+          kept[t] = (op & 0x20) == 0;
+        } else {
+          require(slept.error().code() == Errc::invalid_argument);  // no scope made the tag yet
+        }
+      }
     } else {
       // A pointer no pool handed out is refused.
       static std::uint8_t foreign[512];
@@ -157,21 +209,37 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     require(stats.num_allocs == successes);
     require(stats.bytes_in_use >= static_cast<std::int64_t>(requested));
     require(stats.peak_bytes_in_use >= stats.bytes_in_use);
-    require(stats.bytes_reserved >= stats.bytes_in_use);
+    require(stats.bytes_reserved + stats.bytes_asleep >= stats.bytes_in_use);
     require(stats.peak_bytes_reserved >= stats.bytes_reserved);
     require(live.empty() == (stats.bytes_in_use == 0));
     if (mode == Mode::expandable) {
       require(stats.bytes_mapped == stats.bytes_reserved);
       require(stats.bytes_mapped <= stats.bytes_limit);
-      require(stats.granules_free * static_cast<std::int64_t>(2 * MiB) <= stats.bytes_mapped - stats.bytes_in_use);
+      require(stats.granules_free * static_cast<std::int64_t>(2 * MiB) <=
+              stats.bytes_mapped + stats.bytes_asleep - stats.bytes_in_use);
       require(static_cast<std::size_t>(stats.bytes_mapped) == (*device)->mem_info().total_bytes -
                                                                  (*device)->mem_info().free_bytes);
     }
   }
 
-  for (const auto& [address, block] : live) {
-    check_marks(reinterpret_cast<void*>(address), block);
-    require(allocator.deallocate(reinterpret_cast<void*>(address)).has_value());
+  // The blocks of the awake, then each sleeping tag woken in turn: the two
+  // may not fit together (one grew while the other slept).
+  auto free_awake = [&] {
+    for (auto it = live.begin(); it != live.end();) {
+      if (asleep[it->second.tag]) {
+        ++it;
+        continue;
+      }
+      check_marks(reinterpret_cast<void*>(it->first), it->second);
+      require(allocator.deallocate(reinterpret_cast<void*>(it->first)).has_value());
+      it = live.erase(it);
+    }
+  };
+  free_awake();
+  for (int t = 1; t <= 2; ++t) {
+    if (!asleep[t]) continue;
+    require(wake(t, kept[t]));
+    free_awake();
   }
   require(allocator.stats().bytes_in_use == 0);
   allocator.trim();

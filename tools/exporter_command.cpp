@@ -135,6 +135,11 @@ void add_ledger(Families& out, const LedgerSnapshot& snapshot) {
                 process, static_cast<double>(entry.trims_answered));
     out.counter("tidepool_process_trimmed_bytes_total", "Bytes it released answering trim requests.", process,
                 static_cast<double>(entry.bytes_trimmed));
+    out.gauge("tidepool_process_asleep_bytes",
+              "Bytes of the process's sleeping tags: given back, to be taken again at wake.", process,
+              static_cast<double>(entry.asleep_bytes));
+    out.counter("tidepool_process_wake_waits_total", "Wakes that waited for other processes to free or trim.",
+                process, static_cast<double>(entry.wake_waits));
   }
 }
 

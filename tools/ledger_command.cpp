@@ -1,6 +1,7 @@
 // `tidepool ledger`: like nvidia-smi for pools. Reads a device's cross-process
 // ledger and prints each process (pid, alive, reserved, cached-free, quota,
-// wanted, trim requests) and the totals; --reclaim clears dead entries first.
+// wanted, trim requests, bytes asleep, wake waits) and the totals; --reclaim
+// clears dead entries first.
 // It registers nothing itself: it only reads the segment (and, with
 // --reclaim, clears the entries of processes that died).
 #include <fcntl.h>
@@ -57,6 +58,8 @@ struct Totals {
   std::uint64_t trim_requests = 0;
   std::uint64_t trims_answered = 0;
   std::size_t bytes_trimmed = 0;
+  std::size_t asleep_bytes = 0;
+  std::uint64_t wake_waits = 0;
 };
 
 Totals totals_of(const LedgerSnapshot& snapshot) {
@@ -71,6 +74,8 @@ Totals totals_of(const LedgerSnapshot& snapshot) {
     totals.trim_requests += entry.trim_requests;
     totals.trims_answered += entry.trims_answered;
     totals.bytes_trimmed += entry.bytes_trimmed;
+    totals.asleep_bytes += entry.asleep_bytes;
+    totals.wake_waits += entry.wake_waits;
   }
   return totals;
 }
@@ -94,7 +99,9 @@ nlohmann::json to_json(const LedgerSnapshot& snapshot, const LedgerCommandOption
                          {"trim_requests", entry.trim_requests},
                          {"trims_answered", entry.trims_answered},
                          {"bytes_trimmed", entry.bytes_trimmed},
-                         {"answers_trim", entry.answers_trim}});
+                         {"answers_trim", entry.answers_trim},
+                         {"asleep_bytes", entry.asleep_bytes},
+                         {"wake_waits", entry.wake_waits}});
   }
   const Totals totals = totals_of(snapshot);
   nlohmann::json out{{"segment", snapshot.segment_name},
@@ -117,7 +124,9 @@ nlohmann::json to_json(const LedgerSnapshot& snapshot, const LedgerCommandOption
                        {"wanted_bytes", totals.wanted_bytes},
                        {"trim_requests", totals.trim_requests},
                        {"trims_answered", totals.trims_answered},
-                       {"bytes_trimmed", totals.bytes_trimmed}}}};
+                       {"bytes_trimmed", totals.bytes_trimmed},
+                       {"asleep_bytes", totals.asleep_bytes},
+                       {"wake_waits", totals.wake_waits}}}};
   if (options.reclaim) out["reclaimed_now"] = reclaimed;
   return out;
 }
@@ -131,20 +140,23 @@ void print_text(const LedgerSnapshot& snapshot, const LedgerCommandOptions& opti
   fmt::print("  {} of {} entries used; {} dead entries reclaimed so far, {} lock recoveries\n\n",
              snapshot.entries.size(), snapshot.entry_capacity, snapshot.reclaimed_entries,
              snapshot.lock_recoveries);
-  constexpr const char* kRow = "{:>8}  {:<5}  {:<15}  {:>10}  {:>11}  {:>10}  {:>10}  {:>9}  {:>8}  {:>10}\n";
+  constexpr const char* kRow =
+      "{:>8}  {:<5}  {:<15}  {:>10}  {:>11}  {:>10}  {:>10}  {:>9}  {:>8}  {:>10}  {:>10}  {:>10}\n";
   fmt::print(kRow, "PID", "ALIVE", "COMMAND", "RESERVED", "CACHED-FREE", "QUOTA", "WANTED", "TRIM-REQS",
-             "ANSWERED", "TRIMMED");
+             "ANSWERED", "TRIMMED", "ASLEEP", "WAKE-WAITS");
   for (const LedgerEntryInfo& entry : snapshot.entries) {
     fmt::print(kRow, entry.pid, entry.alive ? "yes" : "DEAD", entry.command, format_bytes(entry.reserved_bytes),
                entry.cached_free_known ? format_bytes(entry.cached_free_bytes) : "-",
                bytes_or_none(entry.quota_bytes), entry.wanted_bytes ? format_bytes(entry.wanted_bytes) : "-",
-               entry.trim_requests, entry.trims_answered, format_bytes(entry.bytes_trimmed));
+               entry.trim_requests, entry.trims_answered, format_bytes(entry.bytes_trimmed),
+               entry.asleep_bytes ? format_bytes(entry.asleep_bytes) : "-", entry.wake_waits);
   }
   const Totals totals = totals_of(snapshot);
   fmt::print(kRow, "total", fmt::format("{}/{}", totals.alive, totals.processes), "alive/processes",
              format_bytes(totals.reserved_bytes), format_bytes(totals.cached_free_bytes),
              bytes_or_none(totals.quota_bytes), totals.wanted_bytes ? format_bytes(totals.wanted_bytes) : "-",
-             totals.trim_requests, totals.trims_answered, format_bytes(totals.bytes_trimmed));
+             totals.trim_requests, totals.trims_answered, format_bytes(totals.bytes_trimmed),
+             totals.asleep_bytes ? format_bytes(totals.asleep_bytes) : "-", totals.wake_waits);
   if (totals.alive < totals.processes && !options.reclaim)
     fmt::print("\n{} dead entr{}: cleared by the next process that registers or runs short, or by `tidepool ledger --reclaim`\n",
                totals.processes - totals.alive, totals.processes - totals.alive == 1 ? "y" : "ies");

@@ -3,6 +3,7 @@
 // the thread's last error.
 #include "tidepool/tidepool.h"
 
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -11,6 +12,7 @@
 #include "settings.hpp"
 #include "tidepool/allocator.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/sleep.hpp"
 
 struct tidepool_allocator {
   tidepool::bindings::Stack stack;
@@ -79,6 +81,30 @@ int create_from(const tidepool::Expected<tidepool::Config>& config, tidepool_all
   std::string name(stack->allocator->name());
   *out = new tidepool_allocator{std::move(*stack), std::move(name)};
   return TIDEPOOL_OK;
+}
+
+/// The allocator's tags, or an error naming the function when its pool has none.
+tidepool::Expected<tidepool::Sleepable*> tags_of(const char* function, const tidepool_allocator* allocator) {
+  tidepool::Sleepable* tags = allocator->stack.allocator->sleepable();
+  if (tags != nullptr) return tags;
+  return Error(Errc::unsupported, std::string(function) + ": the '" + allocator->name +
+                                      "' pool has no tags; tags, sleep and wake need mode=expandable");
+}
+
+/// Runs `body(tags)` for a non-null allocator (and, when `tag_argument`, a
+/// non-null tag) whose pool has tags.
+template <class Body>
+int with_tags(const char* function, const tidepool_allocator* allocator, const char* tag, bool tag_argument,
+              Body&& body) {
+  return guarded(function, [&]() -> int {
+    if (allocator == nullptr) return null_argument(function, "allocator");
+    if (tag_argument && tag == nullptr) return null_argument(function, "tag");
+    auto tags = tags_of(function, allocator);
+    if (!tags) return fail(tags.error());
+    tidepool::Status status = body(**tags);
+    if (!status) return fail(status.error());
+    return TIDEPOOL_OK;
+  });
 }
 
 }  // namespace
@@ -160,6 +186,51 @@ int tidepool_trim(tidepool_allocator* allocator, size_t* released) {
     const std::size_t bytes = allocator->stack.allocator->trim();
     if (released != nullptr) *released = bytes;
     return TIDEPOOL_OK;
+  });
+}
+
+int tidepool_tag_begin(tidepool_allocator* allocator, const char* tag) {
+  return with_tags("tidepool_tag_begin", allocator, tag, true,
+                   [&](tidepool::Sleepable& tags) { return tags.tag_begin(tag); });
+}
+
+int tidepool_tag_end(tidepool_allocator* allocator) {
+  return with_tags("tidepool_tag_end", allocator, nullptr, false,
+                   [&](tidepool::Sleepable& tags) { return tags.tag_end(); });
+}
+
+int tidepool_sleep(tidepool_allocator* allocator, const char* tag, tidepool_keep keep) {
+  return with_tags("tidepool_sleep", allocator, tag, true, [&](tidepool::Sleepable& tags) -> tidepool::Status {
+    if (keep != TIDEPOOL_KEEP_CONTENTS && keep != TIDEPOOL_KEEP_NOTHING) {
+      return Error(Errc::invalid_argument, "tidepool_sleep: keep " + std::to_string(static_cast<int>(keep)) +
+                                               ": allowed: TIDEPOOL_KEEP_CONTENTS (0) or TIDEPOOL_KEEP_NOTHING (1)");
+    }
+    return tags.sleep(tag, keep == TIDEPOOL_KEEP_CONTENTS ? tidepool::SleepKeep::contents
+                                                          : tidepool::SleepKeep::nothing);
+  });
+}
+
+int tidepool_wake(tidepool_allocator* allocator, const char* tag) {
+  return with_tags("tidepool_wake", allocator, tag, true, [&](tidepool::Sleepable& tags) { return tags.wake(tag); });
+}
+
+int tidepool_get_tag_stats(const tidepool_allocator* allocator, const char* tag, tidepool_tag_stats* out,
+                           size_t out_size) {
+  return with_tags("tidepool_get_tag_stats", allocator, tag, true, [&](tidepool::Sleepable& tags) -> tidepool::Status {
+    if (out == nullptr) return Error(Errc::invalid_argument, "tidepool_get_tag_stats: out is NULL");
+    for (const tidepool::TagStats& stats : tags.tag_stats()) {
+      if (stats.name != tag) continue;
+      const tidepool_tag_stats full{stats.asleep ? 1 : 0,
+                                    static_cast<int64_t>(stats.bytes_in_use),
+                                    static_cast<int64_t>(stats.bytes_asleep),
+                                    static_cast<int64_t>(stats.host_bytes),
+                                    static_cast<int64_t>(stats.sleeps),
+                                    static_cast<int64_t>(stats.wakes)};
+      std::memset(out, 0, out_size);
+      std::memcpy(out, &full, out_size < sizeof full ? out_size : sizeof full);
+      return {};
+    }
+    return Error(Errc::invalid_argument, "tidepool_get_tag_stats: no tag '" + std::string(tag).substr(0, 64) + "'");
   });
 }
 

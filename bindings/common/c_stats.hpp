@@ -22,7 +22,7 @@ inline bool copy_stats(const Stats& s, tidepool_stats* out, std::size_t out_size
                             s.pool_bytes,         s.peak_pool_bytes,    s.num_device_allocs,
                             s.num_device_frees,   s.num_ooms,           s.bytes_mapped,
                             s.granules_free,      s.num_maps,           s.num_unmaps,
-                            s.num_stitches,       s.num_releases};
+                            s.num_stitches,       s.num_releases,       s.bytes_asleep};
   if (s.items().size() != sizeof(tidepool_stats) / sizeof(std::int64_t)) return false;
   std::memset(out, 0, out_size);
   std::memcpy(out, &full, out_size < sizeof full ? out_size : sizeof full);

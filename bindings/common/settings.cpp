@@ -49,6 +49,7 @@ const std::vector<std::pair<std::string_view, std::string_view>>& setting_keys()
       {"preallocate", "TIDEPOOL_PREALLOCATE"},
       {"release_threshold", "TIDEPOOL_RELEASE_THRESHOLD"},
       {"idle_release", "TIDEPOOL_IDLE_RELEASE"},
+      {"wake_wait", "TIDEPOOL_WAKE_WAIT"},
       {"quota", "TIDEPOOL_QUOTA"},
       {"ledger", "TIDEPOOL_LEDGER"},
       {"ledger_mode", "TIDEPOOL_LEDGER_MODE"},
@@ -98,7 +99,7 @@ Expected<Config> config_from_settings(const Settings& settings) {
   for (std::string* source :
        {&config->mode.source, &config->mem_fraction.source, &config->preallocate.source,
         &config->device.source, &config->host_capacity.source, &config->release_threshold.source,
-        &config->idle_release.source, &config->quota.source, &config->ledger.source, &config->ledger_mode.source})
+        &config->idle_release.source, &config->wake_wait.source, &config->quota.source, &config->ledger.source, &config->ledger_mode.source})
     *source = in_keys(std::move(*source));
   for (std::string& text : config->warnings) text = in_keys(std::move(text));
   for (std::string& text : config->notes) text = in_keys(std::move(text));

@@ -24,6 +24,7 @@
 #include "tidepool/config.hpp"
 #include "tidepool/ledger.hpp"
 #include "tidepool/replay.hpp"
+#include "tidepool/sleep.hpp"
 #include "tidepool/trace_io.hpp"
 #include "tidepool/units.hpp"
 #include "tidepool/workloads.hpp"
@@ -172,6 +173,7 @@ std::string memory_summary_text(std::string_view pool_name, const std::string& d
     out += summary_row("Stitches", std::to_string(s.num_stitches));
     out += summary_row("Granules released", std::to_string(s.num_releases));
   }
+  if (s.bytes_asleep > 0) out += summary_row("Asleep (bytes_asleep)", bytes_text(s.bytes_asleep));
   out += rule + "\n";
   return out;
 }
@@ -200,6 +202,15 @@ class PyAllocator {
     check(open().pool.deallocate(reinterpret_cast<void*>(address), stream));
   }
   std::size_t trim() { return open().pool.trim(); }
+  // Tags, sleep and wake (sleep.hpp): the pool's, or UnsupportedError.
+  void tag_begin(const std::string& name) { check(tags_of(open()).tag_begin(name)); }
+  void tag_end() { check(tags_of(open()).tag_end()); }
+  void sleep(const std::string& name, const std::string& keep) {
+    const SleepKeep kept = take(parse_sleep_keep(keep));
+    check(tags_of(open()).sleep(name, kept));
+  }
+  void wake(const std::string& name) { check(tags_of(open()).wake(name)); }
+  std::vector<TagStats> tag_stats() const { return tags_of(open()).tag_stats(); }
   std::string dump() const { return open().pool.dump(); }
   std::string name() const { return std::string(open().pool.name()); }
   std::string device() const { return open().pool.device().description(); }
@@ -256,11 +267,25 @@ class PyAllocator {
     if (!stack_.allocator) raise(Error(Errc::invalid_argument, "the allocator is closed"));
     return Open{std::move(hold), *stack_.allocator};
   }
+  static Sleepable& tags_of(const Open& held) {
+    Sleepable* tags = held.pool.sleepable();
+    if (tags == nullptr) {
+      raise(Error(Errc::unsupported, "the '" + std::string(held.pool.name()) +
+                                         "' pool has no tags; tags, sleep and wake need mode='expandable'"));
+    }
+    return *tags;
+  }
   // Every call shares it; close() takes it whole (issue 14: close() racing
   // calls that released the GIL destroyed the stack under them).
   mutable std::shared_mutex stack_mutex_;
   bindings::Stack stack_;
   PeakWindow peaks_;
+};
+
+/// `with pool.tag(name):` (Allocator.tag).
+struct TagBlock {
+  PyAllocator* pool;
+  std::string name;
 };
 
 py::dict series_point(const trace::SeriesPoint& point) {
@@ -449,6 +474,8 @@ py::dict ledger_snapshot(const std::optional<std::string>& segment) {
     e["trims_answered"] = entry.trims_answered;
     e["bytes_trimmed"] = entry.bytes_trimmed;
     e["answers_trim"] = entry.answers_trim;
+    e["asleep_bytes"] = entry.asleep_bytes;
+    e["wake_waits"] = entry.wake_waits;
     e["alive"] = entry.alive;
     entries.append(e);
   }
@@ -509,6 +536,18 @@ PYBIND11_MODULE(_tidepool, m) {
   m.doc() = "tidepool: GPU device memory allocation (docs/interop.md)";
   make_exceptions(m);
 
+  py::class_<TagBlock>(m, "TagScope", "What Allocator.tag() returns: a with-block in which allocations carry the tag.")
+      .def("__enter__",
+           [](py::object self) {
+             TagBlock& block = self.cast<TagBlock&>();
+             block.pool->tag_begin(block.name);
+             return self;
+           })
+      .def("__exit__", [](TagBlock& block, const py::object&, const py::object&, const py::object&) {
+        block.pool->tag_end();
+        return false;
+      });
+
   py::class_<PyAllocator>(m, "Allocator", R"doc(
 A tidepool allocator: a pool over a device, built as the config layer builds it.
 
@@ -554,6 +593,46 @@ defaults; the environment is not read (Allocator.from_env() reads it).)doc")
       .def("trim", &PyAllocator::trim, py::call_guard<py::gil_scoped_release>(),
            "Returns cached free memory to the device; returns the bytes released.")
       .def("dump", &PyAllocator::dump, py::call_guard<py::gil_scoped_release>(), "The memory map as text.")
+      .def(
+          "tag", [](PyAllocator& self, std::string name) { return TagBlock{&self, std::move(name)}; },
+          py::arg("name"), py::keep_alive<0, 1>(),
+          "A context manager: allocations of this thread inside `with pool.tag(name):` carry the "
+          "tag (scopes nest, the innermost wins). A tag's blocks live in memory of their own, so "
+          "the tag can sleep alone. mode='expandable' only (UnsupportedError elsewhere).")
+      .def("sleep", &PyAllocator::sleep, py::arg("tag"), py::arg("keep") = "contents",
+           py::call_guard<py::gil_scoped_release>(),
+           "Gives the physical memory under the tag's blocks back to the device (and to other "
+           "processes, through the ledger). keep='contents' copies their bytes to host memory "
+           "first; keep='nothing' discards them. Addresses stay reserved: the blocks may be freed "
+           "while asleep, not read or written. InvalidArgumentError for a tag that does not exist "
+           "or is asleep.")
+      .def("wake", &PyAllocator::wake, py::arg("tag"), py::call_guard<py::gil_scoped_release>(),
+           "Takes memory for the tag again (waiting, bounded, for other processes to free or "
+           "trim), at the same addresses, with the contents kept. OutOfMemoryError (naming who "
+           "holds the device) leaves it asleep; InvalidArgumentError for a tag that does not "
+           "exist or is awake.")
+      .def(
+          "tag_stats",
+          [](const PyAllocator& self) {
+            std::vector<TagStats> tags;
+            {
+              py::gil_scoped_release unlocked;
+              tags = self.tag_stats();
+            }
+            py::dict out;
+            for (const TagStats& tag : tags) {
+              py::dict row;
+              row["asleep"] = tag.asleep;
+              row["bytes_in_use"] = tag.bytes_in_use;
+              row["bytes_asleep"] = tag.bytes_asleep;
+              row["host_bytes"] = tag.host_bytes;
+              row["sleeps"] = tag.sleeps;
+              row["wakes"] = tag.wakes;
+              out[py::str(tag.name)] = row;
+            }
+            return out;
+          },
+          "Each tag's counters, by name: asleep, bytes_in_use, bytes_asleep, host_bytes, sleeps, wakes.")
       .def("close", &PyAllocator::close, py::call_guard<py::gil_scoped_release>(),
            "Gives all memory back once the calls in flight in other threads have returned; "
            "later calls raise tidepool.InvalidArgumentError ('the allocator is closed').")

@@ -17,6 +17,7 @@
 #include "settings.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/cuda_device.hpp"
+#include "tidepool/sleep.hpp"
 #include "tidepool/tidepool.h"
 
 namespace {
@@ -63,6 +64,38 @@ Expected<tidepool::Allocator*> allocator_for(int device) {
 void record(const Error& error, const char* function) {
   t_last_error = error.message();
   std::fprintf(stderr, "tidepool: %s: %s\n", function, error.message().c_str());
+}
+
+/// Runs `body(tags)` on device `device`'s pool. Returns 0, or tidepool.h's
+/// status code of the error (then in tidepool_torch_last_error; not printed:
+/// the Python caller raises it).
+template <class Body>
+int with_tags(const char* function, int device, const char* tag, bool tag_argument, Body&& body) {
+  try {
+    t_last_error.clear();
+    if (tag_argument && tag == nullptr) {
+      t_last_error = std::string(function) + ": tag is NULL";
+      return TIDEPOOL_ERROR_INVALID_ARGUMENT;
+    }
+    auto allocator = allocator_for(device);
+    if (!allocator) {
+      t_last_error = allocator.error().message();
+      return static_cast<int>(allocator.error().code()) + 1;
+    }
+    tidepool::Sleepable* tags = (*allocator)->sleepable();
+    if (tags == nullptr) {
+      t_last_error = std::string(function) + ": the '" + std::string((*allocator)->name()) +
+                     "' pool has no tags; tags, sleep and wake need TIDEPOOL_ALLOCATOR=expandable";
+      return TIDEPOOL_ERROR_UNSUPPORTED;
+    }
+    tidepool::Status status = body(*tags);
+    if (status) return TIDEPOOL_OK;
+    t_last_error = status.error().message();
+    return static_cast<int>(status.error().code()) + 1;  // tidepool_status_name's mapping
+  } catch (const std::exception& error) {
+    t_last_error = std::string(function) + ": " + error.what();
+    return TIDEPOOL_ERROR_INTERNAL;
+  }
 }
 
 }  // namespace
@@ -123,3 +156,34 @@ TIDEPOOL_TORCH_API int tidepool_torch_get_stats(int device, tidepool_stats* out,
   if (it == g_stacks->end()) return -1;
   return tidepool::bindings::copy_stats(it->second.allocator->stats(), out, out_size) ? 0 : -1;
 }
+
+// --- tags, sleep and wake (tidepool.torch.tag/sleep/wake): each returns 0 or
+// tidepool.h's status code, the message in tidepool_torch_last_error.
+
+/// Tensors allocated on `device` by this thread carry `tag` until tag_end.
+TIDEPOOL_TORCH_API int tidepool_torch_tag_begin(int device, const char* tag) {
+  return with_tags("tidepool_torch_tag_begin", device, tag, true,
+                   [&](tidepool::Sleepable& tags) { return tags.tag_begin(tag); });
+}
+
+TIDEPOOL_TORCH_API int tidepool_torch_tag_end(int device) {
+  return with_tags("tidepool_torch_tag_end", device, nullptr, false,
+                   [&](tidepool::Sleepable& tags) { return tags.tag_end(); });
+}
+
+/// keep: 0 contents (copied to pinned host memory), 1 nothing.
+TIDEPOOL_TORCH_API int tidepool_torch_sleep(int device, const char* tag, int keep) {
+  return with_tags("tidepool_torch_sleep", device, tag, true, [&](tidepool::Sleepable& tags) -> tidepool::Status {
+    if (keep != 0 && keep != 1) {
+      return Error(Errc::invalid_argument, "tidepool_torch_sleep: keep " + std::to_string(keep) +
+                                               ": allowed: 0 (contents) or 1 (nothing)");
+    }
+    return tags.sleep(tag, keep == 0 ? tidepool::SleepKeep::contents : tidepool::SleepKeep::nothing);
+  });
+}
+
+TIDEPOOL_TORCH_API int tidepool_torch_wake(int device, const char* tag) {
+  return with_tags("tidepool_torch_wake", device, tag, true,
+                   [&](tidepool::Sleepable& tags) { return tags.wake(tag); });
+}
+

@@ -13,6 +13,8 @@
 
 namespace tidepool {
 
+class Sleepable;
+
 /// Allocator statistics. The first group has JAX's `Device.memory_stats()`
 /// names and meanings (XLA's tsl::AllocatorStats); the rest are tidepool's.
 struct Stats {
@@ -40,6 +42,7 @@ struct Stats {
   std::int64_t num_unmaps = 0;
   std::int64_t num_stitches = 0;        // large requests served by remapping scattered granules
   std::int64_t num_releases = 0;        // granules handed back to the device
+  std::int64_t bytes_asleep = 0;        // physical bytes given back by sleeping tags (sleep.hpp)
 
   /// 1 - largest_free_block / free bytes in the pool; 0 when nothing is free.
   double fragmentation() const {
@@ -69,7 +72,8 @@ struct Stats {
             {"num_maps", num_maps},
             {"num_unmaps", num_unmaps},
             {"num_stitches", num_stitches},
-            {"num_releases", num_releases}};
+            {"num_releases", num_releases},
+            {"bytes_asleep", bytes_asleep}};
   }
 };
 
@@ -107,6 +111,10 @@ class Allocator {
 
   /// The device this allocator takes memory from.
   virtual Device& device() const = 0;
+
+  /// Tags, sleep and wake (sleep.hpp), where this allocator offers them
+  /// (ExpandablePool, and decorators over one); null otherwise.
+  virtual Sleepable* sleepable() noexcept { return nullptr; }
 };
 
 }  // namespace tidepool

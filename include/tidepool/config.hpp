@@ -110,6 +110,9 @@ struct Config {
   /// How long an expandable pool waits with no allocate or free before it
   /// releases every free granule (TIDEPOOL_IDLE_RELEASE); 0 means never.
   Setting<std::chrono::milliseconds> idle_release{std::chrono::milliseconds(0)};
+  /// The longest a wake of a sleeping tag waits, over the ledger, for other
+  /// processes to free or trim (TIDEPOOL_WAKE_WAIT; LedgerOptions::wake_wait).
+  Setting<std::chrono::milliseconds> wake_wait{std::chrono::milliseconds(10000)};
   /// The per-process quota in the cross-process ledger; unset means none.
   /// From TIDEPOOL_QUOTA, else the limit a GPU-sharing device plugin set for
   /// the container (HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_0, else

@@ -105,6 +105,15 @@ class CudaDevice final : public Device {
   /// stream is 0 (the legacy default stream) or a live cudaStream_t of this
   /// device. cudaStreamSynchronize.
   Status synchronize(Stream stream) override;
+  /// bytes > 0. Pinned host memory (cudaHostAlloc): copies to and from it
+  /// run at the bus's full speed.
+  Expected<void*> allocate_host(std::size_t bytes) override;
+  /// ptr came from allocate_host(bytes). cudaFreeHost.
+  Status free_host(void* ptr, std::size_t bytes) override;
+  /// cudaMemcpy device to host (synchronous).
+  Status copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) override;
+  /// cudaMemcpy host to device (synchronous).
+  Status copy_from_host(void* device_dst, const void* host_src, std::size_t bytes) override;
 
   /// The runtime ordinal this device was created with.
   int ordinal() const;

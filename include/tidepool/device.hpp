@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tidepool/error.hpp"
 
@@ -87,6 +88,41 @@ class Device {
   /// handle came from create(bytes) and is mapped nowhere. Returns its memory to the device.
   virtual Status release(PhysicalHandle handle, std::size_t bytes) = 0;
 
+  /// create(bytes_each) `count` times, as one request: a device that
+  /// accounts for memory (the ledger) reserves the whole at once, so a
+  /// request that must wait for others waits once. count > 0. On failure
+  /// none of them is held.
+  virtual Expected<std::vector<PhysicalHandle>> create_many(std::size_t bytes_each, std::size_t count) {
+    std::vector<PhysicalHandle> handles;
+    handles.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      Expected<PhysicalHandle> handle = create(bytes_each);
+      if (handle) {
+        handles.push_back(*handle);
+        continue;
+      }
+      for (PhysicalHandle made : handles) (void)release(made, bytes_each);
+      return std::move(handle).error();
+    }
+    return handles;
+  }
+
+  // --- host copies (a pool's sleep and wake) ------------------------------
+  // Unsupported unless a device says otherwise.
+
+  /// bytes > 0. Host memory the device copies to and from at full speed
+  /// (pinned on a GPU). Not device memory: no ledger reserves it.
+  virtual Expected<void*> allocate_host(std::size_t bytes);
+  /// ptr came from allocate_host(bytes) and is not freed yet.
+  virtual Status free_host(void* ptr, std::size_t bytes);
+  /// [device_src, + bytes) is mapped device memory, host_dst holds bytes.
+  /// Returns once the bytes are copied; the caller has synchronized the
+  /// streams whose work may still write device_src.
+  virtual Status copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
+  /// [device_dst, + bytes) is mapped device memory, host_src holds bytes.
+  /// Returns once the bytes are copied.
+  virtual Status copy_from_host(void* device_dst, const void* host_src, std::size_t bytes);
+
   // --- streams -------------------------------------------------------------
 
   /// Waits until all work queued on `stream` so far has finished. Pools call
@@ -123,6 +159,15 @@ class DeviceAdaptor : public Device {
     return upstream_->release(handle, bytes);
   }
   Status synchronize(Stream stream) override { return upstream_->synchronize(stream); }
+  // create_many is not forwarded: the default calls this adaptor's create().
+  Expected<void*> allocate_host(std::size_t bytes) override { return upstream_->allocate_host(bytes); }
+  Status free_host(void* ptr, std::size_t bytes) override { return upstream_->free_host(ptr, bytes); }
+  Status copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) override {
+    return upstream_->copy_to_host(host_dst, device_src, bytes);
+  }
+  Status copy_from_host(void* device_dst, const void* host_src, std::size_t bytes) override {
+    return upstream_->copy_from_host(device_dst, host_src, bytes);
+  }
 
   Device& upstream() const { return *upstream_; }
 

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "tidepool/allocator.hpp"
+#include "tidepool/sleep.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool {
@@ -41,7 +42,7 @@ struct ExpandableOptions {
   std::chrono::milliseconds idle_release{0};
 };
 
-class ExpandablePool final : public Allocator {
+class ExpandablePool final : public Allocator, public Sleepable {
  public:
   /// The device must support virtual memory (unsupported otherwise).
   static Expected<std::unique_ptr<ExpandablePool>> create(std::shared_ptr<Device> device,
@@ -64,6 +65,17 @@ class ExpandablePool final : public Allocator {
   std::size_t trim() override;
   std::string dump() const override;
   Device& device() const override;
+  Sleepable* sleepable() noexcept override { return this; }
+
+  // Sleepable: see sleep.hpp. A tag's blocks are carved from address space
+  // of its own; large blocks of a tag are never held back after a free.
+  /// A tag scope on the calling thread until the object goes: `auto scope = pool.tag("weights")`.
+  Expected<TagScope> tag(std::string_view name) { return TagScope::open(*this, name); }
+  Status tag_begin(std::string_view name) override;
+  Status tag_end() override;
+  Status sleep(std::string_view name, SleepKeep keep) override;
+  Status wake(std::string_view name) override;
+  std::vector<TagStats> tag_stats() const override;
 
  private:
   struct State;

@@ -81,6 +81,14 @@ class HostDevice final : public Device {
   Status release(PhysicalHandle handle, std::size_t bytes) override;
   /// The host has no asynchronous work: always succeeds.
   Status synchronize(Stream stream) override;
+  /// bytes > 0. An anonymous mapping of its own (page-aligned), outside
+  /// the device's capacity: the host copy of a sleeping tag.
+  Expected<void*> allocate_host(std::size_t bytes) override;
+  /// ptr came from allocate_host(bytes).
+  Status free_host(void* ptr, std::size_t bytes) override;
+  /// memcpy: device memory is host memory here.
+  Status copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) override;
+  Status copy_from_host(void* device_dst, const void* host_src, std::size_t bytes) override;
 
   /// Kernel mappings (VMAs) the device holds now, counted as the kernel merges
   /// them: an upper bound of what /proc/self/maps shows for its ranges.

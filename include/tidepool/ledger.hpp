@@ -52,6 +52,8 @@ struct LedgerEntryInfo {
   std::uint64_t trims_answered = 0;   // trim requests of others it has answered
   std::size_t bytes_trimmed = 0;      // bytes it released answering them
   bool answers_trim = false;          // whether it releases cached memory when asked
+  std::size_t asleep_bytes = 0;       // bytes of its pools' sleeping tags, as its pools last reported
+  std::uint64_t wake_waits = 0;       // wakes (batch reservations) that waited for others to free or trim
   bool alive = false;                 // the pid runs and has the recorded start time
 };
 
@@ -147,6 +149,9 @@ struct TrimHooks {
   std::function<std::size_t()> trim;
   /// Bytes held from the device and not in use (reserved - in use).
   std::function<std::size_t()> cached_free_bytes;
+  /// Bytes of sleeping tags (ExpandablePool::sleep): given back, to be taken
+  /// again at wake. Unset: 0.
+  std::function<std::size_t()> asleep_bytes;
 };
 
 /// How a process takes part in a device's ledger.
@@ -164,6 +169,10 @@ struct LedgerOptions {
   bool cooperative_trim = true;
   /// The longest a short request waits for others' trims before out_of_memory.
   std::chrono::milliseconds trim_wait{2000};
+  /// The longest a wake (a batch reservation, Device::create_many) waits for
+  /// the others to free or trim before out_of_memory. It asks them to trim
+  /// again each time they have answered.
+  std::chrono::milliseconds wake_wait{10000};
   /// Period of the background thread that answers others' trim requests and
   /// refreshes this process's cached-free report (every 10 periods); it runs
   /// while trim hooks are set. 0: no thread (answer_trim_requests only).
@@ -208,6 +217,13 @@ class LedgerDevice final : public DeviceAdaptor {
   MemInfo mem_info() const override;
   /// As allocate, for physical memory.
   Expected<PhysicalHandle> create(std::size_t bytes) override;
+  /// As create, `count` times, with one reservation of the whole (one
+  /// bounded wait at most): how a pool's wake takes its memory back. A wait
+  /// is counted in the entry's wake_waits.
+  Expected<std::vector<PhysicalHandle>> create_many(std::size_t bytes_each, std::size_t count) override;
+  /// Writes the hooks' reports (cached free, asleep bytes) into this
+  /// process's entry now, rather than at the background thread's next turn.
+  void refresh_reports();
   /// As free, for physical memory.
   Status release(PhysicalHandle handle, std::size_t bytes) override;
 

@@ -33,6 +33,8 @@ class Recorder final : public Allocator {
   std::size_t trim() override { return inner_->trim(); }
   std::string dump() const override { return inner_->dump(); }
   Device& device() const override { return inner_->device(); }
+  /// The inner allocator's (sleep and wake are not recorded).
+  Sleepable* sleepable() noexcept override { return inner_->sleepable(); }
 
   /// What was recorded so far (times in microseconds since construction);
   /// lifetimes still live stay live in it.

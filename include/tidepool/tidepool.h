@@ -2,8 +2,9 @@
  * environment, allocation with a stream, statistics, and the last error.
  *
  * Link with -ltidepool_c (libtidepool_c.so). Every symbol carries the version
- * TIDEPOOL_1.0; a later version only adds symbols, and the stats struct only
- * grows at its end (tidepool_get_stats takes the caller's sizeof).
+ * it came in (TIDEPOOL_1.0; TIDEPOOL_1.1: tags, sleep and wake); a later
+ * version only adds symbols, and the stats structs only grow at their end
+ * (the get functions take the caller's sizeof).
  *
  * Every function that can fail returns a tidepool_status: TIDEPOOL_OK (0) or
  * a non-zero code, and then tidepool_last_error() says what was wrong. Bad
@@ -70,7 +71,24 @@ typedef struct tidepool_stats {
   int64_t num_unmaps;
   int64_t num_stitches;
   int64_t num_releases;
+  int64_t bytes_asleep; /* since 1.1: physical bytes given back by sleeping tags */
 } tidepool_stats;
+
+/* What a sleeping tag keeps (tidepool_sleep). */
+typedef enum tidepool_keep {
+  TIDEPOOL_KEEP_CONTENTS = 0, /* its blocks' bytes, copied to host memory and back at wake */
+  TIDEPOOL_KEEP_NOTHING = 1   /* nothing: the memory comes back with undefined contents */
+} tidepool_keep;
+
+/* One tag of an allocator (tidepool_get_tag_stats). */
+typedef struct tidepool_tag_stats {
+  int64_t asleep;       /* 1 while asleep */
+  int64_t bytes_in_use; /* its live blocks, asleep or not */
+  int64_t bytes_asleep; /* physical bytes its sleep gave back; 0 while awake */
+  int64_t host_bytes;   /* host copy held (asleep with contents, or kept for the next sleep) */
+  int64_t sleeps;
+  int64_t wakes;
+} tidepool_tag_stats;
 
 /* "0.1.0": the library's version. */
 TIDEPOOL_API const char* tidepool_version(void);
@@ -85,8 +103,8 @@ TIDEPOOL_API const char* tidepool_last_error(void);
 /* Builds an allocator from a config string "key=value,key=value", e.g.
  * "mode=growth,device=host,capacity=16GiB". Keys (each the TIDEPOOL_*
  * variable of the same meaning, docs/configuration.md): mode, device,
- * capacity, mem_fraction, preallocate, release_threshold, quota, ledger,
- * ledger_mode.
+ * capacity, mem_fraction, preallocate, release_threshold, idle_release,
+ * wake_wait, quota, ledger, ledger_mode.
  * Keys not given take their defaults; the environment is not read. NULL or ""
  * is all defaults. out != NULL; *out is set only on success. */
 TIDEPOOL_API int tidepool_create(const char* config, tidepool_allocator** out);
@@ -122,6 +140,37 @@ TIDEPOOL_API int tidepool_trim(tidepool_allocator* allocator, size_t* released);
 /* The pool's name ("bfc", "growth", "platform", ...); NULL for NULL. Valid
  * while the allocator lives. */
 TIDEPOOL_API const char* tidepool_allocator_name(const tidepool_allocator* allocator);
+
+/* --- TIDEPOOL_1.1: tags, sleep and wake (docs/sleep.md); mode=expandable only,
+ * TIDEPOOL_ERROR_UNSUPPORTED elsewhere. --- */
+
+/* Allocations of the calling thread on `allocator` carry `tag` (1 to 64
+ * bytes) until tidepool_tag_end; scopes nest, the innermost wins. A tag's
+ * blocks live in memory of their own, so the tag can sleep alone. */
+TIDEPOOL_API int tidepool_tag_begin(tidepool_allocator* allocator, const char* tag);
+
+/* Closes the calling thread's innermost tag scope on `allocator`;
+ * TIDEPOOL_ERROR_INVALID_ARGUMENT when none is open. */
+TIDEPOOL_API int tidepool_tag_end(tidepool_allocator* allocator);
+
+/* Gives the physical memory under `tag`'s blocks back to the device (and to
+ * other processes, through the ledger): with TIDEPOOL_KEEP_CONTENTS their
+ * bytes are copied to host memory first. Addresses stay reserved; the blocks
+ * may be freed while asleep but not read or written. Errors: a tag that does
+ * not exist or is asleep already (TIDEPOOL_ERROR_INVALID_ARGUMENT). */
+TIDEPOOL_API int tidepool_sleep(tidepool_allocator* allocator, const char* tag, tidepool_keep keep);
+
+/* Takes memory for `tag` again (waiting, bounded, for other processes to
+ * free or trim), maps it at the same addresses and restores the contents
+ * kept. TIDEPOOL_ERROR_OUT_OF_MEMORY (the message names who holds the
+ * device) leaves the tag asleep; a tag that does not exist or is awake is
+ * TIDEPOOL_ERROR_INVALID_ARGUMENT. */
+TIDEPOOL_API int tidepool_wake(tidepool_allocator* allocator, const char* tag);
+
+/* Copies the statistics of `tag` into *out (out_size as for
+ * tidepool_get_stats); TIDEPOOL_ERROR_INVALID_ARGUMENT for an unknown tag. */
+TIDEPOOL_API int tidepool_get_tag_stats(const tidepool_allocator* allocator, const char* tag,
+                                        tidepool_tag_stats* out, size_t out_size);
 
 #ifdef __cplusplus
 }

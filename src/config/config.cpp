@@ -29,12 +29,13 @@ constexpr std::array<Mode, 5> kModes = {Mode::preallocate, Mode::growth, Mode::p
 // reads itself (TIDEPOOL_RECORD, TIDEPOOL_POOL, TIDEPOOL_REPORT,
 // TIDEPOOL_RUN_PID: bindings/preload/). A TIDEPOOL_* variable not listed
 // here is reported as probably misspelt: add new variables to this list.
-constexpr std::array<std::string_view, 15> kTidepoolVariables = {
+constexpr std::array<std::string_view, 16> kTidepoolVariables = {
     "TIDEPOOL_ALLOCATOR",     "TIDEPOOL_MEM_FRACTION",      "TIDEPOOL_PREALLOCATE",
     "TIDEPOOL_DEVICE",        "TIDEPOOL_HOST_CAPACITY",     "TIDEPOOL_RELEASE_THRESHOLD",
     "TIDEPOOL_IDLE_RELEASE",  "TIDEPOOL_QUOTA",             "TIDEPOOL_LEDGER",
     "TIDEPOOL_LEDGER_MODE",   "TIDEPOOL_LEDGER_NAME",       "TIDEPOOL_RECORD",
-    "TIDEPOOL_POOL",          "TIDEPOOL_REPORT",            "TIDEPOOL_RUN_PID"};
+    "TIDEPOOL_POOL",          "TIDEPOOL_REPORT",            "TIDEPOOL_RUN_PID",
+    "TIDEPOOL_WAKE_WAIT"};
 
 std::string known_names() {
   std::string out;
@@ -362,6 +363,11 @@ Status read_device(const Environment& env, Config& config) {
     auto idle = parse_duration("TIDEPOOL_IDLE_RELEASE", *text);
     if (!idle) return std::move(idle).error();
     config.idle_release = {*idle, "TIDEPOOL_IDLE_RELEASE", *text};
+  }
+  if (auto text = env.get("TIDEPOOL_WAKE_WAIT")) {
+    auto wait = parse_duration("TIDEPOOL_WAKE_WAIT", *text);
+    if (!wait) return std::move(wait).error();
+    config.wake_wait = {*wait, "TIDEPOOL_WAKE_WAIT", *text};
   }
   return {};
 }

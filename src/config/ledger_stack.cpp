@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "tidepool/ledger.hpp"
+#include "tidepool/sleep.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool {
@@ -27,8 +28,10 @@ namespace {
 
 /// Owns a pool whose trim answers the ledger's requests. The pool holds the
 /// device chain, so the LedgerDevice outlives this object; the hooks are
-/// cleared first in the destructor, so none runs on a destroyed pool.
-class LedgerTrimmedAllocator final : public Allocator {
+/// cleared first in the destructor, so none runs on a destroyed pool. A
+/// sleep or wake through it writes the process's asleep bytes into the
+/// ledger at once.
+class LedgerTrimmedAllocator final : public Allocator, public Sleepable {
  public:
   LedgerTrimmedAllocator(std::unique_ptr<Allocator> pool, LedgerDevice& ledger, bool answers_trim)
       : pool_(std::move(pool)), ledger_(ledger) {
@@ -41,6 +44,7 @@ class LedgerTrimmedAllocator final : public Allocator {
                  ? static_cast<std::size_t>(stats.bytes_reserved - stats.bytes_in_use)
                  : std::size_t{0};
     };
+    hooks.asleep_bytes = [&pool_ref] { return static_cast<std::size_t>(pool_ref.stats().bytes_asleep); };
     ledger_.set_trim_hooks(std::move(hooks));
   }
   ~LedgerTrimmedAllocator() override { ledger_.clear_trim_hooks(); }
@@ -58,6 +62,21 @@ class LedgerTrimmedAllocator final : public Allocator {
   std::size_t trim() override { return pool_->trim(); }
   std::string dump() const override { return pool_->dump(); }
   Device& device() const override { return pool_->device(); }
+  Sleepable* sleepable() noexcept override { return pool_->sleepable() != nullptr ? this : nullptr; }
+
+  Status tag_begin(std::string_view name) override { return pool_->sleepable()->tag_begin(name); }
+  Status tag_end() override { return pool_->sleepable()->tag_end(); }
+  Status sleep(std::string_view name, SleepKeep keep) override {
+    Status slept = pool_->sleepable()->sleep(name, keep);
+    ledger_.refresh_reports();
+    return slept;
+  }
+  Status wake(std::string_view name) override {
+    Status woken = pool_->sleepable()->wake(name);
+    ledger_.refresh_reports();
+    return woken;
+  }
+  std::vector<TagStats> tag_stats() const override { return pool_->sleepable()->tag_stats(); }
 
  private:
   std::unique_ptr<Allocator> pool_;
@@ -72,6 +91,7 @@ Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
   LedgerOptions options;
   options.mode = config.ledger_mode.value;
   options.segment_name = config.ledger_name.value;
+  options.wake_wait = config.wake_wait.value;
   if (config.quota.value) {
     const std::size_t total = device->mem_info().total_bytes;
     options.quota_bytes = config.quota.value->resolve(total);

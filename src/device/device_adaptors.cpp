@@ -8,6 +8,20 @@
 
 namespace tidepool {
 
+// --- Device: the host copies a device need not offer ------------------------
+
+namespace {
+Error no_host_copies(const Device& device) {
+  return Error(Errc::unsupported, device.description() +
+                                      " cannot copy to or from host memory (needed to keep a sleeping tag's contents)");
+}
+}  // namespace
+
+Expected<void*> Device::allocate_host(std::size_t) { return no_host_copies(*this); }
+Status Device::free_host(void*, std::size_t) { return no_host_copies(*this); }
+Status Device::copy_to_host(void*, const void*, std::size_t) { return no_host_copies(*this); }
+Status Device::copy_from_host(void*, const void*, std::size_t) { return no_host_copies(*this); }
+
 // --- LimitDevice -----------------------------------------------------------
 
 namespace {

@@ -543,6 +543,34 @@ Status HostDevice::release(PhysicalHandle handle, std::size_t bytes) {
 
 Status HostDevice::synchronize(Stream) { return {}; }
 
+Expected<void*> HostDevice::allocate_host(std::size_t bytes) {
+  if (bytes == 0) return Error(Errc::invalid_argument, state_->who() + ": allocate_host of 0 bytes");
+  void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (ptr == MAP_FAILED) {
+    return Error(Errc::out_of_memory,
+                 state_->who() + ": " + os_error(("allocate_host of " + format_bytes(bytes)).c_str()));
+  }
+  return ptr;
+}
+
+Status HostDevice::free_host(void* ptr, std::size_t bytes) {
+  if (ptr == nullptr || munmap(ptr, bytes) != 0) {
+    return Error(Errc::invalid_pointer, state_->who() + ": free_host of " + format_address(ptr) + " (" +
+                                            format_bytes(bytes) + "): not a buffer from allocate_host");
+  }
+  return {};
+}
+
+Status HostDevice::copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  std::memcpy(host_dst, device_src, bytes);
+  return {};
+}
+
+Status HostDevice::copy_from_host(void* device_dst, const void* host_src, std::size_t bytes) {
+  std::memcpy(device_dst, host_src, bytes);
+  return {};
+}
+
 std::size_t HostDevice::mapping_count() const {
   std::lock_guard lock(state_->mutex);
   return state_->mappings;

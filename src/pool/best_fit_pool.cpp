@@ -56,7 +56,9 @@ Expected<bool> BestFitPool::State::grow(std::size_t bytes) {
     if (region_bytes < bytes) return false;
     region = device->allocate(region_bytes);
   }
-  if (!increased) next_region_bytes *= 2;
+  // Capped at the limit: doubled at every grow, it wrapped to 0 after ~40
+  // grow/trim cycles and the loop above spun forever.
+  if (!increased && next_region_bytes <= bytes_limit / 2) next_region_bytes *= 2;
   Status added = arena.add_region(*region, region_bytes);
   if (!added) {
     (void)device->free(*region, region_bytes);

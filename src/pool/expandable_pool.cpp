@@ -20,11 +20,14 @@
 #include <bit>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "pool/best_fit_arena.hpp"
 #include "pool/granule_table.hpp"
+#include "pool/sleep_tags.hpp"
 #include "pool/usage_counters.hpp"
 
 namespace tidepool {
@@ -73,6 +76,7 @@ struct ExpandablePool::State {
     std::size_t bytes = 0;
     GranuleId first = 0;  // the granule at base
     bool small = false;
+    pool::TagId tag = pool::kUntagged;  // whose arena it belongs to
   };
 
   std::shared_ptr<Device> device;
@@ -134,7 +138,7 @@ struct ExpandablePool::State {
   std::size_t slack_granules() const noexcept { return granules.mapped() / kSlackShare; }
 
   /// Reserves `bytes` of address space for one arena.
-  Status add_space(std::size_t bytes, bool for_small);
+  Status add_space(std::size_t bytes, bool for_small, pool::TagId tag = pool::kUntagged);
   const Space* space_of(std::uintptr_t address) const noexcept {
     for (const Space& space : spaces) {
       if (address - space.base < space.bytes) return &space;
@@ -203,18 +207,60 @@ struct ExpandablePool::State {
     const State& s;
   };
   const GranulesToMap placement_cost{*this};
+
+  // --- tags, sleep and wake (sleep.hpp) ------------------------------------
+  pool::TagRegistry tags;
+  pool::BestFitArena& arena_for(bool for_small, pool::TagId tag) {
+    if (tag == pool::kUntagged) return for_small ? small : large;
+    pool::Tag& owner = tags.at(tag);
+    return for_small ? owner.small : owner.large;
+  }
+  pool::BestFitArena& arena_of(const Space& space) { return arena_for(space.small, space.tag); }
+  /// The awake tag an allocation of `bytes` on this thread goes to; an
+  /// error when it sleeps or changes.
+  Expected<pool::Tag*> tag_to_allocate(pool::TagId id, std::size_t bytes);
+  /// Frees a block of a tag: at once, or after the tag's phase changes.
+  Status free_tagged(const Space& space, void* ptr, Stream stream);
+  /// Checks that `name` is in phase `from` and sets `to`, under the lock.
+  Expected<pool::Tag*> begin_change(const char* op, std::string_view name, pool::TagPhase from, pool::TagPhase to);
+  /// Sets the tag's phase and does the frees deferred while it changed.
+  void end_change(pool::Tag& tag, pool::TagPhase phase);
+  /// The granules under the tag's live blocks, ascending.
+  std::vector<GranuleId> granules_under(const pool::Tag& tag) const;
+  /// The mapped granules of the tag's address space, ascending.
+  std::vector<GranuleId> mapped_granules(pool::TagId id) const;
+  /// Waits for the tag's streams and copies `runs` to its host buffer
+  /// (made or grown first). Unlocked: the tag's phase keeps others off it.
+  Status save_contents(pool::Tag& tag, SleepKeep keep, const std::vector<pool::CopyRun>& runs);
+  Status restore_contents(pool::Tag& tag, const std::vector<pool::CopyRun>& runs);
+  void free_host(pool::HostBuffer& buffer) noexcept {
+    if (buffer.ptr != nullptr) (void)device->free_host(buffer.ptr, buffer.bytes);
+    buffer = {};
+  }
+  /// Unmaps and releases every mapped granule of the tag; sets bytes_asleep.
+  Status release_tag(pool::Tag& tag);
+  /// Room under the limit for `count` more granules (others may have grown
+  /// into what a sleeping tag gave up): free granules released if need be;
+  /// out_of_memory when live blocks hold the rest.
+  Status make_room(const pool::Tag& tag, std::size_t count);
+  /// Maps `handles` at granules `ids` (unmapped, used); on failure none is
+  /// mapped and every handle is released.
+  Status map_woken(const std::vector<GranuleId>& ids, const std::vector<PhysicalHandle>& handles);
+  std::vector<pool::CopyRun> copy_runs(const std::vector<GranuleId>& ids, const std::vector<GranuleId>& order) const {
+    return pool::copy_runs(ids, order, granule, [this](GranuleId id) { return address_of(id); });
+  }
 };
 
-Status ExpandablePool::State::add_space(std::size_t bytes, bool for_small) {
+Status ExpandablePool::State::add_space(std::size_t bytes, bool for_small, pool::TagId tag) {
   Expected<void*> va = device->reserve(bytes);
   if (!va) return std::move(va).error();
   const auto base = reinterpret_cast<std::uintptr_t>(*va);
-  Status added = (for_small ? small : large).add_region(*va, bytes);
+  Status added = arena_for(for_small, tag).add_region(*va, bytes);
   if (!added) {
     (void)device->unreserve(*va, bytes);
     return added;
   }
-  spaces.push_back({base, bytes, granules.grow(bytes / granule), for_small});
+  spaces.push_back({base, bytes, granules.grow(bytes / granule), for_small, tag});
   return {};
 }
 
@@ -438,6 +484,7 @@ ExpandablePool::~ExpandablePool() {
   // As BFC: everything goes back, whatever is still in use.
   State& s = *state_;
   s.stop_reaper();
+  for (std::size_t id = 1; id <= s.tags.size(); ++id) s.free_host(s.tags.at(static_cast<pool::TagId>(id)).host);
   for (GranuleId id = 0; id < s.granules.size(); ++id) {
     if (!s.granules.is_mapped(id)) continue;
     (void)s.device->unmap(s.address_of(id), s.granule);
@@ -460,8 +507,15 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   if (bytes > s.bytes_limit) return s.out_of_memory(bytes, bytes, bytes / s.granule + 1);
   const std::size_t rounded = round_up(bytes, pool::kChunkGranule);
   const bool small = rounded < s.options.small_threshold;
-  pool::BestFitArena& arena = small ? s.small : s.large;
-  if (!small && !s.held.empty()) {
+  const pool::TagId tag_id = pool::ThreadTags::current(this);
+  pool::Tag* tag = nullptr;
+  if (tag_id != pool::kUntagged) {
+    Expected<pool::Tag*> awake = s.tag_to_allocate(tag_id, bytes);
+    if (!awake) return std::move(awake).error();
+    tag = *awake;
+  }
+  pool::BestFitArena& arena = s.arena_for(small, tag_id);
+  if (!small && tag == nullptr && !s.held.empty()) {
     // Newest first. Chunk sizes are exact (the arena always splits), so a
     // held block of this size is what the arena would carve, already backed.
     for (std::size_t i = s.held.size(); i-- > 0;) {
@@ -480,7 +534,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   if (block->base == nullptr) {
     // This part of the address space is used up or split: reserve more.
     const std::size_t more = std::max(round_up(rounded, s.granule), s.bytes_limit);
-    if (Status grown = s.add_space(more, small); !grown) return std::move(grown).error();
+    if (Status grown = s.add_space(more, small, tag_id); !grown) return std::move(grown).error();
     block = arena.allocate(rounded, stream, s.placement_cost);
     if (!block) return std::move(block).error();
     if (block->base == nullptr) {
@@ -495,6 +549,11 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     return std::move(backed).error();
   }
   s.usage.allocated(block->bytes);
+  if (tag != nullptr) {
+    tag->bytes_in_use += block->bytes;
+    tag->live.emplace(base, block->bytes);
+    tag->note_stream(stream);
+  }
   return block->base;
 }
 
@@ -510,6 +569,7 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
                                             ": not a pointer this pool handed out (it lies outside its "
                                             "address space)");
   }
+  if (space->tag != pool::kUntagged) return s.free_tagged(*space, ptr, stream);
   if (!space->small && s.holds_back()) {
     const std::size_t bytes = s.large.live_size(ptr);
     if (bytes != 0 && !s.is_held(ptr)) {
@@ -546,11 +606,19 @@ Stats ExpandablePool::stats() const {
   stats.num_unmaps = s.unmaps;
   stats.num_stitches = s.stitches;
   stats.num_releases = s.usage.num_device_frees;
+  for (std::size_t id = 1; id <= s.tags.size(); ++id) {
+    stats.bytes_asleep += static_cast<std::int64_t>(s.tags.at(static_cast<pool::TagId>(id)).bytes_asleep);
+  }
   return stats;
 }
 
 std::size_t ExpandablePool::trim() {
   std::lock_guard lock(state_->mutex);
+  // Host copies kept by awake tags for their next sleep go too.
+  for (std::size_t id = 1; id <= state_->tags.size(); ++id) {
+    pool::Tag& tag = state_->tags.at(static_cast<pool::TagId>(id));
+    if (tag.phase == pool::TagPhase::awake) state_->free_host(tag.host);
+  }
   return state_->release_all();
 }
 
@@ -568,10 +636,329 @@ std::string ExpandablePool::dump() const {
   for (const State::Space& space : s.spaces) {
     out += "  address space [" + format_address(space.base) + ", " + format_address(space.base + space.bytes) +
            ") for " +
-           (space.small ? "small" : "large") + " blocks\n";
+           (space.small ? "small" : "large") + " blocks" +
+           (space.tag == pool::kUntagged ? "" : " of tag '" + s.tags.at(space.tag).name + "'") + "\n";
   }
   out += "small blocks (below " + format_bytes(s.options.small_threshold) + "):\n" + s.small.dump();
   out += "large blocks:\n" + s.large.dump();
+  for (std::size_t id = 1; id <= s.tags.size(); ++id) {
+    pool::Tag& tag = s.tags.at(static_cast<pool::TagId>(id));
+    out += "tag '" + tag.name + "' (" + pool::to_string(tag.phase) + ", in use " + format_bytes(tag.bytes_in_use) +
+           ", asleep " + format_bytes(tag.bytes_asleep) + "):\n" + tag.small.dump() + tag.large.dump();
+  }
+  return out;
+}
+
+// --- tags, sleep and wake --------------------------------------------------
+// A sleep copies (unless keep is nothing) and unmaps; a wake creates, maps
+// and copies back. The copies and the ledger's wait run without the pool's
+// lock: the tag's phase keeps allocations out of it and defers its frees, so
+// none of its granules can be freed, stolen or mapped meanwhile.
+
+Expected<pool::Tag*> ExpandablePool::State::tag_to_allocate(pool::TagId id, std::size_t bytes) {
+  if (!tags.exists(id)) {
+    return Error(Errc::invalid_argument, "expandable pool: allocate of " + format_bytes(bytes) +
+                                             ": this thread's tag scope is of another pool (one destroyed)");
+  }
+  pool::Tag& tag = tags.at(id);
+  if (tag.phase != pool::TagPhase::awake) {
+    return Error(Errc::invalid_argument, "expandable pool: allocate of " + format_bytes(bytes) + " in tag " +
+                                             pool::quoted_tag(tag.name) + ": the tag is " + pool::to_string(tag.phase) +
+                                             "; wake it first");
+  }
+  return &tag;
+}
+
+Status ExpandablePool::State::free_tagged(const Space& space, void* ptr, Stream stream) {
+  pool::Tag& tag = tags.at(space.tag);
+  pool::BestFitArena& arena = arena_of(space);
+  if (tag.changing()) {
+    const std::size_t bytes = arena.live_size(ptr);
+    if (bytes == 0 || tag.free_deferred(ptr)) {
+      return Error(tag.free_deferred(ptr) ? Errc::double_free : Errc::invalid_pointer,
+                   "expandable pool: free of " + format_address(ptr) + " in tag " + pool::quoted_tag(tag.name) +
+                       ": not a live block of the tag (freed already, or not a block's start)");
+    }
+    tag.deferred_frees.emplace_back(ptr, stream);
+    usage.freed(bytes);
+    tag.bytes_in_use -= bytes;
+    return {};
+  }
+  Expected<std::size_t> freed = arena.free(ptr, stream);
+  if (!freed) return std::move(freed).error();
+  note_free(stream);
+  unback(space, reinterpret_cast<std::uintptr_t>(ptr), *freed, stream);  // asleep: unmapped granules stay so
+  tag.live.erase(reinterpret_cast<std::uintptr_t>(ptr));
+  usage.freed(*freed);
+  tag.bytes_in_use -= *freed;
+  if (free_granule_bytes() > options.release_threshold) release_free(options.release_threshold);
+  return {};
+}
+
+Expected<pool::Tag*> ExpandablePool::State::begin_change(const char* op, std::string_view name, pool::TagPhase from,
+                                                         pool::TagPhase to) {
+  std::lock_guard lock(mutex);
+  const pool::TagId id = tags.find(name);
+  if (id == pool::kUntagged) {
+    return Error(Errc::invalid_argument, std::string("expandable pool: ") + op + "(" + pool::quoted_tag(name) +
+                                             "): no tag of that name (tags: " + tags.names() + ")");
+  }
+  pool::Tag& tag = tags.at(id);
+  if (tag.phase != from) {
+    return Error(Errc::invalid_argument, std::string("expandable pool: ") + op + "(" + pool::quoted_tag(name) +
+                                             "): the tag is " + pool::to_string(tag.phase));
+  }
+  tag.phase = to;
+  return &tag;
+}
+
+void ExpandablePool::State::end_change(pool::Tag& tag, pool::TagPhase phase) {
+  tag.phase = phase;
+  for (const auto& [ptr, stream] : tag.deferred_frees) {
+    const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+    const Space& space = *space_of(address);
+    Expected<std::size_t> freed = arena_of(space).free(ptr, stream);  // checked when deferred
+    if (!freed) continue;
+    note_free(stream);
+    unback(space, address, *freed, stream);
+    tag.live.erase(address);
+  }
+  tag.deferred_frees.clear();
+}
+
+std::vector<GranuleId> ExpandablePool::State::granules_under(const pool::Tag& tag) const {
+  std::vector<GranuleId> ids;
+  for (const auto& [base, bytes] : tag.live) {
+    const Space& space = *space_of(base);
+    const GranuleId last = granule_of(space, base + bytes - 1);
+    GranuleId g = granule_of(space, base);
+    if (!ids.empty() && ids.back() == g) ++g;  // shared with the block below
+    for (; g <= last; ++g) ids.push_back(g);
+  }
+  // Ids follow the order spaces were reserved in, not their addresses.
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+std::vector<GranuleId> ExpandablePool::State::mapped_granules(pool::TagId id) const {
+  std::vector<GranuleId> ids;
+  for (const Space& space : spaces) {
+    if (space.tag != id) continue;
+    const auto end = static_cast<GranuleId>(space.first + space.bytes / granule);
+    for (GranuleId g = space.first; g < end; ++g) {
+      if (granules.is_mapped(g)) ids.push_back(g);
+    }
+  }
+  return ids;
+}
+
+Status ExpandablePool::State::save_contents(pool::Tag& tag, SleepKeep keep, const std::vector<pool::CopyRun>& runs) {
+  for (Stream stream : tag.streams) {
+    if (Status synced = device->synchronize(stream); !synced) return synced;
+  }
+  const std::size_t bytes = tag.sleeping.size() * granule;
+  if (keep == SleepKeep::nothing || bytes == 0) {
+    free_host(tag.host);
+    return {};
+  }
+  if (tag.host.bytes < bytes) {
+    free_host(tag.host);
+    Expected<void*> host = device->allocate_host(bytes);
+    if (!host) return std::move(host).error();
+    tag.host = {*host, bytes};
+  }
+  auto* host = static_cast<char*>(tag.host.ptr);
+  for (const pool::CopyRun& run : runs) {
+    Status copied = device->copy_to_host(host + run.host_offset * granule, run.device, run.granules * granule);
+    if (!copied) return copied;
+  }
+  return {};
+}
+
+Status ExpandablePool::State::restore_contents(pool::Tag& tag, const std::vector<pool::CopyRun>& runs) {
+  const auto* host = static_cast<const char*>(tag.host.ptr);
+  for (const pool::CopyRun& run : runs) {
+    Status copied = device->copy_from_host(run.device, host + run.host_offset * granule, run.granules * granule);
+    if (!copied) return copied;
+  }
+  return {};
+}
+
+Status ExpandablePool::State::release_tag(pool::Tag& tag) {
+  std::optional<Error> failed;  // the first refusal; the granule stays mapped, awake
+  tag.bytes_asleep = 0;
+  const std::vector<GranuleId> used = granules_under(tag);
+  for (GranuleId id : mapped_granules(tag.id)) {
+    if (!std::binary_search(used.begin(), used.end(), id)) {  // free: no live block in it
+      Expected<PhysicalHandle> handle = unmap_free(id);
+      if (handle) release_handle(*handle);
+      continue;
+    }
+    if (Status unmapped = device->unmap(address_of(id), granule); !unmapped) {
+      if (!failed) failed = std::move(unmapped).error();
+      continue;
+    }
+    ++unmaps;
+    release_handle(granules.take_used(id));
+    tag.bytes_asleep += granule;
+  }
+  if (failed) return *failed;
+  return {};
+}
+
+Status ExpandablePool::State::make_room(const pool::Tag& tag, std::size_t count) {
+  const std::size_t wanted = count * granule;
+  if (mapped_bytes() + wanted <= bytes_limit) return {};
+  const std::size_t excess = mapped_bytes() + wanted - bytes_limit;
+  complete_held();
+  release_free(free_granule_bytes() > excess ? free_granule_bytes() - excess : 0);
+  if (mapped_bytes() + wanted <= bytes_limit) return {};
+  ++usage.num_ooms;
+  OomReport report;
+  report.requested_bytes = wanted;
+  report.bytes_in_use = static_cast<std::size_t>(usage.bytes_in_use);
+  report.bytes_reserved = mapped_bytes();
+  report.device_free_bytes = device->mem_info().free_bytes;
+  report.largest_free_block_bytes = free_granule_bytes();
+  report.hint = "the pool's limit is " + format_bytes(bytes_limit) + " and its other blocks took " +
+                format_bytes(mapped_bytes()) + " while tag " + pool::quoted_tag(tag.name) +
+                " slept; free them, sleep another tag, or raise TIDEPOOL_MEM_FRACTION (the tag stays asleep)";
+  return Error::out_of_memory("expandable pool: wake(" + pool::quoted_tag(tag.name) + ")", std::move(report));
+}
+
+Status ExpandablePool::State::map_woken(const std::vector<GranuleId>& ids, const std::vector<PhysicalHandle>& handles) {
+  for (std::size_t i = 0; i < ids.size();) {
+    auto* first = static_cast<char*>(address_of(ids[i]));
+    std::size_t count = 1;
+    while (i + count < ids.size() && address_of(ids[i + count]) == first + count * granule) ++count;
+    Status mapped = device->map_many(first, granule, std::span(handles).subspan(i, count));
+    if (!mapped) {
+      for (std::size_t j = 0; j < i; ++j) {
+        (void)device->unmap(address_of(ids[j]), granule);
+        (void)granules.take_used(ids[j]);
+      }
+      for (PhysicalHandle handle : handles) release_handle(handle);
+      return mapped;
+    }
+    for (std::size_t j = i; j < i + count; ++j) granules.set_mapped(ids[j], handles[j]);
+    maps += static_cast<std::int64_t>(count);
+    i += count;
+  }
+  return {};
+}
+
+Status ExpandablePool::tag_begin(std::string_view name) {
+  if (name.empty() || name.size() > kMaxTagNameBytes) {
+    return Error(Errc::invalid_argument, "expandable pool: tag " + pool::quoted_tag(name) + " (" +
+                                             std::to_string(name.size()) +
+                                             " bytes): a tag's name is 1 to " + std::to_string(kMaxTagNameBytes) +
+                                             " bytes");
+  }
+  State& s = *state_;
+  pool::TagId id = pool::kUntagged;
+  {
+    std::lock_guard lock(s.mutex);
+    id = s.tags.find(name);
+    if (id == pool::kUntagged) id = s.tags.add(name, *s.device, arena_options());
+  }
+  pool::ThreadTags::push(this, id);
+  return {};
+}
+
+Status ExpandablePool::tag_end() {
+  if (pool::ThreadTags::pop(this)) return {};
+  return Error(Errc::invalid_argument, "expandable pool: tag_end: no tag scope is open on this thread");
+}
+
+Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
+  State& s = *state_;
+  Expected<pool::Tag*> found = s.begin_change("sleep", name, pool::TagPhase::awake, pool::TagPhase::falling_asleep);
+  if (!found) return std::move(found).error();
+  pool::Tag& tag = **found;
+  std::vector<pool::CopyRun> runs;
+  {
+    std::lock_guard lock(s.mutex);
+    tag.sleeping = s.granules_under(tag);  // all mapped: the tag was awake
+    tag.kept = keep;
+    if (keep == SleepKeep::contents) runs = s.copy_runs(tag.sleeping, tag.sleeping);
+  }
+  Status saved = s.save_contents(tag, keep, runs);
+  std::lock_guard lock(s.mutex);
+  if (!saved) {
+    tag.sleeping.clear();
+    s.end_change(tag, pool::TagPhase::awake);
+    return Error(saved.error().code(), "expandable pool: sleep(" + pool::quoted_tag(name) +
+                                           "): " + saved.error().message() +
+                                           " (the tag stays awake)");
+  }
+  Status released = s.release_tag(tag);
+  ++tag.sleeps;
+  s.end_change(tag, pool::TagPhase::asleep);
+  return released;
+}
+
+Status ExpandablePool::wake(std::string_view name) {
+  State& s = *state_;
+  Expected<pool::Tag*> found = s.begin_change("wake", name, pool::TagPhase::asleep, pool::TagPhase::waking);
+  if (!found) return std::move(found).error();
+  pool::Tag& tag = **found;
+  std::vector<GranuleId> needed;  // slept under live blocks, not freed since
+  {
+    std::lock_guard lock(s.mutex);
+    for (GranuleId id : s.granules_under(tag)) {  // a subset of tag.sleeping: frees only since
+      if (!s.granules.is_mapped(id)) needed.push_back(id);
+    }
+    if (Status room = s.make_room(tag, needed.size()); !room) {
+      s.end_change(tag, pool::TagPhase::asleep);
+      return room;
+    }
+  }
+  Expected<std::vector<PhysicalHandle>> handles = std::vector<PhysicalHandle>{};
+  if (!needed.empty()) handles = s.device->create_many(s.granule, needed.size());
+  std::vector<pool::CopyRun> runs;
+  {
+    std::lock_guard lock(s.mutex);
+    if (!handles) {
+      if (handles.error().code() == Errc::out_of_memory) ++s.usage.num_ooms;
+      s.end_change(tag, pool::TagPhase::asleep);
+      return Error(handles.error().code(), "expandable pool: wake(" + pool::quoted_tag(name) + ") of " +
+                                               format_bytes(needed.size() * s.granule) + ": " +
+                                               handles.error().message() + " (the tag stays asleep)");
+    }
+    for (std::size_t i = 0; i < handles->size(); ++i) s.usage.reserved(s.granule);
+    Status room = s.make_room(tag, needed.size());  // again: others allocated meanwhile
+    if (!room) {
+      for (PhysicalHandle handle : *handles) s.release_handle(handle);
+      s.end_change(tag, pool::TagPhase::asleep);
+      return room;
+    }
+    if (Status mapped = s.map_woken(needed, *handles); !mapped) {
+      s.end_change(tag, pool::TagPhase::asleep);
+      return mapped;
+    }
+    if (tag.kept == SleepKeep::contents) runs = s.copy_runs(needed, tag.sleeping);
+  }
+  Status restored = s.restore_contents(tag, runs);
+  std::lock_guard lock(s.mutex);
+  tag.sleeping.clear();
+  tag.bytes_asleep = 0;
+  ++tag.wakes;
+  s.end_change(tag, pool::TagPhase::awake);
+  return restored;
+}
+
+std::vector<TagStats> ExpandablePool::tag_stats() const {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  std::vector<TagStats> out;
+  for (std::size_t id = 1; id <= s.tags.size(); ++id) {
+    const pool::Tag& tag = s.tags.at(static_cast<pool::TagId>(id));
+    const bool asleep = tag.phase == pool::TagPhase::asleep || tag.phase == pool::TagPhase::waking;
+    // The host buffer is the changing thread's while the phase changes.
+    const std::size_t host_bytes = tag.changing() ? 0 : tag.host.bytes;
+    out.push_back({tag.name, asleep, tag.bytes_in_use, tag.bytes_asleep, host_bytes, tag.sleeps, tag.wakes});
+  }
   return out;
 }
 

@@ -266,6 +266,17 @@ class GranuleTable {
     return handle_[id];
   }
 
+  /// Unmaps mapped granule `id` that a live block still uses, not free (a
+  /// sleeping tag; the caller has unmapped it on the device), keeping its
+  /// uses: it is unmapped and used, as while a block is backed, until
+  /// set_mapped().
+  PhysicalHandle take_used(GranuleId id) noexcept {
+    mapped_bits_.clear(id);
+    count_mapped(id, -1);
+    --mapped_;
+    return handle_[id];
+  }
+
  private:
   // Stream tags, a byte each: settled, many streams, or streams_[slot - kFirstStream].
   static constexpr std::uint8_t kSettled = 0, kMany = 1, kFirstStream = 2;

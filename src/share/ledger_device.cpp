@@ -129,8 +129,9 @@ struct LedgerDevice::State {
     return Error::out_of_memory(who() + " (pid " + std::to_string(getpid()) + ")", std::move(report));
   }
 
-  // Reserves `bytes`, asking the others to trim when they do not fit.
-  Status reserve(std::size_t bytes) {
+  // Reserves `bytes`, asking the others to trim when they do not fit. A
+  // wait for a `batch` (a wake) is counted in the entry.
+  Status reserve(std::size_t bytes, bool batch = false) {
     auto first = try_reserve(bytes);
     if (!first) return std::move(first).error();
     if (first->bytes == 0) return {};
@@ -142,31 +143,28 @@ struct LedgerDevice::State {
     if (!options.cooperative_trim) {
       return out_of_memory(bytes, format_bytes(first->bytes) + " short; cooperative trim is off");
     }
-    std::vector<Helper> helpers;
-    {
-      auto lock = segment->lock();
-      if (!lock) return std::move(lock).error();
-      helpers = helpers_locked();
-      if (!helpers.empty()) {
-        me().wanted_bytes.store(bytes, std::memory_order_relaxed);
-        me().trim_requests.fetch_add(1, std::memory_order_relaxed);
-        segment->header->trim_generation.fetch_add(1, std::memory_order_release);
-      }
-    }
-    if (helpers.empty()) {
+    Expected<std::vector<Helper>> posted = post_trim_request(bytes);
+    if (!posted) return std::move(posted).error();
+    std::vector<Helper> helpers = std::move(*posted);
+    if (helpers.empty() && !batch) {
       return out_of_memory(bytes, format_bytes(first->bytes) +
                                       " short and no other process answers trim requests");
     }
+    if (batch) {
+      // A wake waits its whole bound: the others may free later, not only trim.
+      me().wanted_bytes.store(bytes, std::memory_order_relaxed);
+      me().wake_waits.fetch_add(1, std::memory_order_relaxed);
+    }
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
-    const auto deadline = start + options.trim_wait;
+    const auto deadline = start + (batch ? options.wake_wait : options.trim_wait);
     auto pause = std::chrono::microseconds(500);
     const auto longest_pause = std::chrono::duration_cast<std::chrono::microseconds>(
         std::max(options.poll_period, std::chrono::milliseconds(1)));
     std::size_t missing = first->bytes;
     for (;;) {
       const bool answered = all_answered(helpers);
-      std::this_thread::sleep_for(answered ? std::chrono::microseconds(0) : pause);
+      std::this_thread::sleep_for(answered && !batch ? std::chrono::microseconds(0) : pause);
       pause = std::min(pause * 2, longest_pause);
       auto attempt = try_reserve(bytes);
       if (!attempt) {
@@ -175,16 +173,43 @@ struct LedgerDevice::State {
       }
       if (attempt->bytes == 0) break;
       missing = attempt->bytes;
-      if (answered || Clock::now() >= deadline) {
+      if ((answered && !batch) || Clock::now() >= deadline) {
         me().wanted_bytes.store(0, std::memory_order_relaxed);
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+        if (batch) {
+          return out_of_memory(bytes, format_bytes(missing) + " short after " + std::to_string(waited.count()) +
+                                          " ms waiting for the other processes to free or trim (the wake_wait bound)");
+        }
         return out_of_memory(bytes, format_bytes(missing) + " short after " + std::to_string(waited.count()) +
                                         " ms waiting for " + std::to_string(helpers.size()) +
                                         " process(es) to trim" + (answered ? " (all answered)" : " (timed out)"));
       }
+      if (batch && answered) {
+        // They trimmed what they had; ask again for what they freed since.
+        posted = post_trim_request(bytes);
+        if (!posted) {
+          me().wanted_bytes.store(0, std::memory_order_relaxed);
+          return std::move(posted).error();
+        }
+        helpers = std::move(*posted);
+      }
     }
     me().wanted_bytes.store(0, std::memory_order_relaxed);
     return {};
+  }
+
+  // Posts a trim request for `bytes` when another process answers them;
+  // returns those that do.
+  Expected<std::vector<Helper>> post_trim_request(std::size_t bytes) {
+    auto lock = segment->lock();
+    if (!lock) return std::move(lock).error();
+    std::vector<Helper> helpers = helpers_locked();
+    if (!helpers.empty()) {
+      me().wanted_bytes.store(bytes, std::memory_order_relaxed);
+      me().trim_requests.fetch_add(1, std::memory_order_relaxed);
+      segment->header->trim_generation.fetch_add(1, std::memory_order_release);
+    }
+    return helpers;
   }
 
   // Lock-free: only lowers the sum, which no check can be hurt by. Not in a
@@ -199,8 +224,9 @@ struct LedgerDevice::State {
   }
 
   void refresh_cached_free_locked_hooks() {
-    if (hooks.cached_free_bytes && may_touch())
-      me().cached_free_bytes.store(hooks.cached_free_bytes(), std::memory_order_relaxed);
+    if (!may_touch()) return;
+    if (hooks.cached_free_bytes) me().cached_free_bytes.store(hooks.cached_free_bytes(), std::memory_order_relaxed);
+    me().asleep_bytes.store(hooks.asleep_bytes ? hooks.asleep_bytes() : 0, std::memory_order_relaxed);
   }
 
   void background() {
@@ -311,6 +337,8 @@ Expected<std::shared_ptr<LedgerDevice>> LedgerDevice::create(std::shared_ptr<Dev
     entry.trim_requests.store(0, std::memory_order_relaxed);
     entry.trims_answered.store(0, std::memory_order_relaxed);
     entry.bytes_trimmed.store(0, std::memory_order_relaxed);
+    entry.asleep_bytes.store(0, std::memory_order_relaxed);
+    entry.wake_waits.store(0, std::memory_order_relaxed);
     entry.answers_trim.store(0, std::memory_order_relaxed);
     std::memset(entry.command, 0, sizeof entry.command);
     std::memcpy(entry.command, self.command.data(), std::min(self.command.size(), sizeof entry.command - 1));
@@ -381,6 +409,34 @@ Expected<PhysicalHandle> LedgerDevice::create(std::size_t bytes) {
   return handle;
 }
 
+Expected<std::vector<PhysicalHandle>> LedgerDevice::create_many(std::size_t bytes_each, std::size_t count) {
+  if (bytes_each == 0 || count == 0) return DeviceAdaptor::create_many(bytes_each, count);  // the device's own error
+  if (count > SIZE_MAX / bytes_each) {
+    return Error(Errc::invalid_argument, state_->who() + ": create_many of " + std::to_string(count) + " x " +
+                                             format_bytes(bytes_each) + " overflows");
+  }
+  const std::size_t total = bytes_each * count;
+  if (Status reserved = state_->reserve(total, true); !reserved) return std::move(reserved).error();
+  std::vector<PhysicalHandle> handles;
+  handles.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    Expected<PhysicalHandle> handle = upstream().create(bytes_each);
+    if (handle) {
+      handles.push_back(*handle);
+      continue;
+    }
+    for (PhysicalHandle made : handles) (void)upstream().release(made, bytes_each);
+    state_->unreserve(total);
+    return std::move(handle).error();
+  }
+  return handles;
+}
+
+void LedgerDevice::refresh_reports() {
+  std::lock_guard lock(state_->hooks_mutex);
+  state_->refresh_cached_free_locked_hooks();
+}
+
 Status LedgerDevice::release(PhysicalHandle handle, std::size_t bytes) {
   Status released = upstream().release(handle, bytes);
   if (released) state_->unreserve(bytes);
@@ -406,6 +462,7 @@ void LedgerDevice::clear_trim_hooks() {
   if (!state_->may_touch()) return;
   state_->me().answers_trim.store(0, std::memory_order_relaxed);
   state_->me().cached_free_bytes.store(share::kCachedFreeUnknown, std::memory_order_relaxed);
+  state_->me().asleep_bytes.store(0, std::memory_order_relaxed);
 }
 
 bool LedgerDevice::trim_requested() const noexcept { return state_->requested(); }

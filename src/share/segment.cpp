@@ -573,6 +573,8 @@ LedgerSnapshot Ledger::Segment::snapshot_locked() const {
     info.trim_requests = entry.trim_requests.load(std::memory_order_relaxed);
     info.trims_answered = entry.trims_answered.load(std::memory_order_relaxed);
     info.bytes_trimmed = entry.bytes_trimmed.load(std::memory_order_relaxed);
+    info.asleep_bytes = entry.asleep_bytes.load(std::memory_order_relaxed);
+    info.wake_waits = entry.wake_waits.load(std::memory_order_relaxed);
     info.answers_trim = entry.answers_trim.load(std::memory_order_relaxed) != 0;
     info.alive = share::process_alive(info.pid, info.start_time);
     snapshot.reserved_bytes += info.reserved_bytes;

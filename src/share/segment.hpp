@@ -1,6 +1,6 @@
 // The ledger segment's layout and the operations on it under its lock.
 //
-// Layout (version 2), all fields native-endian:
+// Layout (version 3), all fields native-endian:
 //   offset 0   SegmentHeader: init_state, creator pid, then the checksummed
 //              SegmentIdentity (magic, layout version, sizes, limit, device
 //              id), then the mutable part (the robust mutex, counters)
@@ -26,7 +26,7 @@
 namespace tidepool::share {
 
 inline constexpr std::uint64_t kLedgerMagic = 0x3152'4744'454c'5054;  // "TPLEDGR1" read little-endian
-inline constexpr std::uint32_t kLayoutVersion = 2;  // 2: slots_end
+inline constexpr std::uint32_t kLayoutVersion = 3;  // 2: slots_end; 3: asleep_bytes, wake_waits
 inline constexpr std::uint32_t kEntryCount = 128;
 inline constexpr std::uint32_t kInitReady = 0x59444552;    // "REDY": the creator finished
 inline constexpr std::uint32_t kEntryFree = 0;
@@ -85,6 +85,8 @@ struct alignas(64) Entry {
   std::atomic<std::uint64_t> bytes_trimmed;
   std::atomic<std::uint32_t> answers_trim;
   char command[kCommandBytes];
+  std::atomic<std::uint64_t> asleep_bytes;  // by its owner: its pools' sleeping tags (reserved no longer)
+  std::atomic<std::uint64_t> wake_waits;    // batch reservations (wakes) that waited for others
 };
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,

@@ -1,7 +1,8 @@
 /* The C ABI (tidepool.h) from C: create from a config string and from the
  * environment, allocate and free on streams, stats, the errors a caller can
  * make (bad config strings, double free, foreign pointers, NULLs), the
- * per-thread last error, and the library's versioned, minimal symbol table.
+ * per-thread last error, tags with sleep and wake (every byte and pointer
+ * kept), and the library's versioned, minimal symbol table.
  * argv[1]: the path of libtidepool_c.so. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -200,6 +201,64 @@ static void test_last_error_is_per_thread(void) {
   tidepool_destroy(allocator);
 }
 
+static void test_sleep_and_wake(void) {
+  tidepool_allocator* allocator = NULL;
+  CHECK(tidepool_create("mode=expandable, device=host, capacity=1GiB", &allocator) == TIDEPOOL_OK);
+  if (allocator == NULL) return;
+  enum { kBlocks = 8 };
+  unsigned char* blocks[kBlocks];
+  size_t sizes[kBlocks];
+  CHECK(tidepool_tag_begin(allocator, "weights") == TIDEPOOL_OK);
+  for (int b = 0; b < kBlocks; ++b) {
+    sizes[b] = (size_t)(b + 1) * 700 * 1024;
+    blocks[b] = NULL;
+    CHECK(tidepool_allocate(allocator, sizes[b], 0, (void**)&blocks[b]) == TIDEPOOL_OK);
+    if (blocks[b] == NULL) return;
+    for (size_t i = 0; i < sizes[b]; ++i) blocks[b][i] = (unsigned char)(i * 31 + (size_t)b);
+  }
+  CHECK(tidepool_tag_end(allocator) == TIDEPOOL_OK);
+  void* plain = NULL;
+  CHECK(tidepool_allocate(allocator, 4096, 0, &plain) == TIDEPOOL_OK);  /* untagged */
+
+  CHECK(tidepool_sleep(allocator, "weights", TIDEPOOL_KEEP_CONTENTS) == TIDEPOOL_OK);
+  tidepool_stats stats;
+  CHECK(tidepool_get_stats(allocator, &stats, sizeof stats) == TIDEPOOL_OK);
+  CHECK(stats.bytes_asleep > 0);
+  tidepool_tag_stats tag;
+  CHECK(tidepool_get_tag_stats(allocator, "weights", &tag, sizeof tag) == TIDEPOOL_OK);
+  CHECK(tag.asleep == 1 && tag.bytes_asleep == stats.bytes_asleep && tag.sleeps == 1);
+  memset(plain, 7, 4096); /* untagged memory stays usable */
+
+  CHECK_ERROR(tidepool_sleep(allocator, "weights", TIDEPOOL_KEEP_NOTHING), TIDEPOOL_ERROR_INVALID_ARGUMENT,
+              "the tag is asleep");
+  CHECK_ERROR(tidepool_wake(allocator, "never"), TIDEPOOL_ERROR_INVALID_ARGUMENT, "no tag of that name");
+  CHECK_ERROR(tidepool_sleep(allocator, "weights", (tidepool_keep)5), TIDEPOOL_ERROR_INVALID_ARGUMENT, "keep 5");
+  CHECK_ERROR(tidepool_sleep(allocator, NULL, TIDEPOOL_KEEP_CONTENTS), TIDEPOOL_ERROR_INVALID_ARGUMENT,
+              "tag is NULL");
+  CHECK_ERROR(tidepool_tag_end(allocator), TIDEPOOL_ERROR_INVALID_ARGUMENT, "no tag scope is open");
+  CHECK_ERROR(tidepool_get_tag_stats(allocator, "never", &tag, sizeof tag), TIDEPOOL_ERROR_INVALID_ARGUMENT,
+              "no tag 'never'");
+
+  CHECK(tidepool_wake(allocator, "weights") == TIDEPOOL_OK);
+  CHECK_ERROR(tidepool_wake(allocator, "weights"), TIDEPOOL_ERROR_INVALID_ARGUMENT, "the tag is awake");
+  int intact = 1;
+  for (int b = 0; b < kBlocks; ++b) {
+    for (size_t i = 0; i < sizes[b]; ++i) intact &= blocks[b][i] == (unsigned char)(i * 31 + (size_t)b);
+  }
+  CHECK(intact);
+  CHECK(tidepool_get_stats(allocator, &stats, sizeof stats) == TIDEPOOL_OK);
+  CHECK(stats.bytes_asleep == 0);
+  for (int b = 0; b < kBlocks; ++b) CHECK(tidepool_free(allocator, blocks[b], 0) == TIDEPOOL_OK);
+  CHECK(tidepool_free(allocator, plain, 0) == TIDEPOOL_OK);
+  tidepool_destroy(allocator);
+
+  /* Another mode: a clear refusal. */
+  CHECK(tidepool_create("mode=growth, device=host, capacity=1GiB", &allocator) == TIDEPOOL_OK);
+  if (allocator == NULL) return;
+  CHECK_ERROR(tidepool_tag_begin(allocator, "weights"), TIDEPOOL_ERROR_UNSUPPORTED, "need mode=expandable");
+  tidepool_destroy(allocator);
+}
+
 static void test_symbols(const char* library) {
   void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
   CHECK(handle != NULL);
@@ -210,6 +269,10 @@ static void test_symbols(const char* library) {
   CHECK(dlvsym(handle, "tidepool_create", "TIDEPOOL_1.0") != NULL);
   CHECK(dlvsym(handle, "tidepool_get_stats", "TIDEPOOL_1.0") != NULL);
   CHECK(dlvsym(handle, "tidepool_create", "TIDEPOOL_9.9") == NULL);
+  CHECK(dlvsym(handle, "tidepool_sleep", "TIDEPOOL_1.1") != NULL);
+  CHECK(dlvsym(handle, "tidepool_wake", "TIDEPOOL_1.1") != NULL);
+  CHECK(dlvsym(handle, "tidepool_tag_begin", "TIDEPOOL_1.1") != NULL);
+  CHECK(dlvsym(handle, "tidepool_sleep", "TIDEPOOL_1.0") == NULL);
   /* The C++ inside is not exported. */
   CHECK(dlsym(handle, "_ZN8tidepool8bindings10make_stackERKNS_6ConfigE") == NULL);
   CHECK(dlsym(handle, "_ZN8tidepool9errc_nameENS_4ErrcE") == NULL);
@@ -222,6 +285,7 @@ int main(int argc, char** argv) {
   test_bad_config_strings();
   test_from_env();
   test_last_error_is_per_thread();
+  test_sleep_and_wake();
   if (argc > 1) test_symbols(argv[1]);
   else CHECK(!"usage: c_abi_test PATH_OF_libtidepool_c.so");
   printf("c_abi_test: tidepool %s, %d failure(s)\n", tidepool_version(), failures);

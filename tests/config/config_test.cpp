@@ -322,6 +322,17 @@ TEST(TidepoolVariables, IdleReleaseIsADuration) {
   EXPECT_TRUE(any_contains(bfc.notes, "TIDEPOOL_IDLE_RELEASE has no effect in mode growth"));
 }
 
+TEST(TidepoolVariables, WakeWaitIsADuration) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(load_ok({}).wake_wait.value, milliseconds(10000));
+  Config config = load_ok({{"TIDEPOOL_WAKE_WAIT", "2min"}});
+  EXPECT_EQ(config.wake_wait.value, milliseconds(120000));
+  EXPECT_EQ(config.wake_wait.source, "TIDEPOOL_WAKE_WAIT");
+  EXPECT_EQ(load_ok({{"TIDEPOOL_WAKE_WAIT", "0"}}).wake_wait.value, milliseconds(0));  // no wait
+  for (const char* value : {"later", "-1", ""})
+    expect_invalid({{"TIDEPOOL_WAKE_WAIT", value}}, "TIDEPOOL_WAKE_WAIT", value, "a duration");
+}
+
 TEST(TidepoolVariables, QuotaInEveryForm) {
   Config bytes = load_ok({{"TIDEPOOL_QUOTA", "20GiB"}});
   ASSERT_TRUE(bytes.quota.value.has_value());

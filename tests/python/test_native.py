@@ -141,9 +141,12 @@ def test_package_is_typed_and_the_stubs_match_the_module():
     init = next(node for node in classes["Allocator"].body
                 if isinstance(node, ast.FunctionDef) and node.name == "__init__")
     assert {arg.arg for arg in init.args.kwonlyargs} == set(tidepool.setting_keys())
+    # TagScope is a context manager, both ways.
+    assert {node.name for node in classes["TagScope"].body if isinstance(node, ast.FunctionDef)} == {
+        "__enter__", "__exit__"} <= set(vars(tidepool.TagScope))
     # Every exception class in the stub has the module's bases.
     for name, node in classes.items():
-        if name == "Allocator":
+        if name in ("Allocator", "TagScope"):
             continue
         real = getattr(module, name)
         stub_bases = [base.id for base in node.bases]

@@ -280,7 +280,8 @@ int caching_process(const std::string& segment, bool answer, Pipe& report, Pipe&
         [&] {
           std::lock_guard lock(cache_mutex);
           return cache.size() * MiB;
-        }});
+        },
+        {}});
   }
   report.write_line("cached");
   (void)go.read_line(30s);

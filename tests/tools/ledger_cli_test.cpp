@@ -62,7 +62,8 @@ struct CliLedger {
   std::string segment;
 };
 
-// This process holds 4 MiB under a 16 MiB quota and reports 1 MiB cached;
+// This process holds 4 MiB under a 16 MiB quota and reports 1 MiB cached
+// and 3 MiB asleep;
 // a child held 8 MiB and was killed with SIGKILL.
 class LedgerCommand : public ::testing::Test {
  protected:
@@ -79,7 +80,7 @@ class LedgerCommand : public ::testing::Test {
     ASSERT_EQ(ready.read_line(10s), "holding");
     child_->kill9();
     // Set after the fork: the report runs on the ledger's background thread.
-    self_->set_trim_hooks(TrimHooks{{}, [] { return std::size_t{1} * MiB; }});
+    self_->set_trim_hooks(TrimHooks{{}, [] { return std::size_t{1} * MiB; }, [] { return std::size_t{3} * MiB; }});
   }
   void TearDown() override {
     if (self_) {
@@ -110,6 +111,8 @@ TEST_F(LedgerCommand, TextShowsEachProcessTheDeadOneAndTheTotals) {
   EXPECT_TRUE(contains(mine, format_bytes(4 * MiB))) << mine;
   EXPECT_TRUE(contains(mine, format_bytes(1 * MiB))) << mine;   // cached-free
   EXPECT_TRUE(contains(mine, format_bytes(16 * MiB))) << mine;  // quota
+  EXPECT_TRUE(contains(mine, format_bytes(3 * MiB))) << mine;   // asleep
+  EXPECT_TRUE(contains(out, "ASLEEP") && contains(out, "WAKE-WAITS")) << out;
 
   const std::string dead = row_of(out, child_->pid());
   ASSERT_FALSE(dead.empty()) << out;
@@ -142,6 +145,8 @@ TEST_F(LedgerCommand, JsonHasTheSameFacts) {
       EXPECT_EQ(process["quota_bytes"], 16 * MiB);
       EXPECT_EQ(process["cached_free_bytes"], 1 * MiB);
       EXPECT_EQ(process["answers_trim"], false);
+      EXPECT_EQ(process["asleep_bytes"], 3 * MiB);
+      EXPECT_EQ(process["wake_waits"], 0u);
     } else {
       EXPECT_EQ(process["pid"], child_->pid());
       EXPECT_EQ(process["alive"], false);
@@ -153,6 +158,7 @@ TEST_F(LedgerCommand, JsonHasTheSameFacts) {
   EXPECT_EQ(report["totals"]["processes"], 2u);
   EXPECT_EQ(report["totals"]["alive"], 1u);
   EXPECT_EQ(report["totals"]["reserved_bytes"], 12 * MiB);
+  EXPECT_EQ(report["totals"]["asleep_bytes"], 3 * MiB);
 }
 
 TEST_F(LedgerCommand, ReclaimClearsTheDeadEntryAndSaysHowMany) {

@@ -10,6 +10,12 @@
     tidepool.replay("train-step", modes=["growth", "platform"])  # the replay table as dicts
     tidepool.ledger()                                             # the cross-process ledger
 
+    pool = tidepool.Allocator(mode="expandable", device="host")
+    with pool.tag("weights"):
+        weights = pool.allocate("1GiB")
+    pool.sleep("weights", keep="contents")   # its memory back to the device; addresses kept
+    pool.wake("weights")                      # the same addresses, the same bytes (docs/sleep.md)
+
 tidepool.torch.use() makes PyTorch allocate through tidepool. docs/interop.md.
 """
 from ._tidepool import (  # noqa: F401
@@ -23,6 +29,7 @@ from ._tidepool import (  # noqa: F401
     IOError,
     LimitReachedError,
     OutOfMemoryError,
+    TagScope,
     UnsupportedError,
     __version__,
     ledger,

@@ -5,10 +5,17 @@
     x = torch.empty(1 << 20, device="cuda")
     tidepool.torch.memory_stats()  # JAX's names: bytes_in_use, peak_bytes_in_use, ...
 
+    # With TIDEPOOL_ALLOCATOR=expandable: tensors made in a tag can sleep (docs/sleep.md).
+    with tidepool.torch.tag("weights"):
+        w = torch.randn(4096, 4096, device="cuda")
+    tidepool.torch.sleep("weights")   # memory back to the GPU (and other processes); w's address kept
+    tidepool.torch.wake("weights")    # w holds the same values again
+
 PyTorch's own torch.cuda.memory_stats() does not work with a pluggable allocator;
 tidepool.torch.memory_stats() reports the pool instead. Needs libtidepool_torch.so,
 built when CMake finds the CUDA toolkit.
 """
+import contextlib
 import ctypes
 import os
 
@@ -18,6 +25,7 @@ _STAT_NAMES = (
     "bytes_reserved", "peak_bytes_reserved", "largest_free_block_bytes", "pool_bytes",
     "peak_pool_bytes", "num_device_allocs", "num_device_frees", "num_ooms", "bytes_mapped",
     "granules_free", "num_maps", "num_unmaps", "num_stitches", "num_releases",
+    "bytes_asleep",
 )  # tidepool_stats in tidepool.h, in order
 
 _installed = None  # (path, ctypes library) once use() has run
@@ -82,3 +90,46 @@ def last_error():
     library = _installed[1]
     library.tidepool_torch_last_error.restype = ctypes.c_char_p
     return library.tidepool_torch_last_error().decode()
+
+
+# tidepool.h's status codes, as the builtin exceptions tidepool's own classes
+# derive from (this module must work without the extension module).
+_RAISES = {1: MemoryError, 2: ValueError, 3: ValueError, 4: ValueError, 5: NotImplementedError}
+
+
+def _tags_call(function, *args):
+    if _installed is None:
+        raise RuntimeError("tidepool.torch.use() has not been called")
+    library = _installed[1]
+    library.tidepool_torch_last_error.restype = ctypes.c_char_p
+    status = getattr(library, function)(*args)
+    if status != 0:
+        raise _RAISES.get(status, RuntimeError)(library.tidepool_torch_last_error().decode())
+
+
+@contextlib.contextmanager
+def tag(name, device=0):
+    """Tensors this thread allocates on `device` inside the with-block carry the tag
+    (needs TIDEPOOL_ALLOCATOR=expandable)."""
+    _tags_call("tidepool_torch_tag_begin", ctypes.c_int(device), name.encode())
+    try:
+        yield
+    finally:
+        _tags_call("tidepool_torch_tag_end", ctypes.c_int(device))
+
+
+def sleep(tag, keep="contents", device=0):
+    """Gives the GPU memory under the tag's tensors back (to other processes too, through the
+    ledger). keep="contents" copies their bytes to pinned host memory first; "nothing" discards
+    them. The tensors keep their addresses; do not touch them until wake()."""
+    if keep not in ("contents", "nothing"):
+        raise ValueError(f"keep={keep!r}: allowed: 'contents' or 'nothing'")
+    torch_module = __import__("torch")
+    torch_module.cuda.synchronize(device)
+    _tags_call("tidepool_torch_sleep", ctypes.c_int(device), tag.encode(), ctypes.c_int(0 if keep == "contents" else 1))
+
+
+def wake(tag, device=0):
+    """Takes GPU memory for the tag again at the same addresses, restoring the bytes kept.
+    MemoryError (naming who holds the GPU) leaves it asleep."""
+    _tags_call("tidepool_torch_wake", ctypes.c_int(device), tag.encode())

@@ -520,6 +520,50 @@ Status CudaDevice::synchronize(Stream stream) {
   return {};
 }
 
+Expected<void*> CudaDevice::allocate_host(std::size_t bytes) {
+  State& s = *state_;
+  if (bytes == 0) return Error(Errc::invalid_argument, s.who() + ": allocate_host of 0 bytes");
+  ScopedDevice current(s.ordinal);
+  if (!current.status()) return current.status().error();
+  void* ptr = nullptr;
+  if (cudaError_t error = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault); error != cudaSuccess) {
+    return runtime_error(s.who() + ": cudaHostAlloc of " + format_bytes(bytes) + " of pinned host memory", error);
+  }
+  return ptr;
+}
+
+Status CudaDevice::free_host(void* ptr, std::size_t) {
+  State& s = *state_;
+  ScopedDevice current(s.ordinal);
+  if (!current.status()) return current.status().error();
+  if (cudaError_t error = cudaFreeHost(ptr); error != cudaSuccess) {
+    return runtime_error(s.who() + ": cudaFreeHost of " + format_address(ptr), error);
+  }
+  return {};
+}
+
+namespace {
+Status copy(const CudaDevice& device, int ordinal, void* dst, const void* src, std::size_t bytes,
+            cudaMemcpyKind kind, const char* what) {
+  ScopedDevice current(ordinal);
+  if (!current.status()) return current.status().error();
+  if (cudaError_t error = cudaMemcpy(dst, src, bytes, kind); error != cudaSuccess) {
+    return runtime_error(device.description() + ": cudaMemcpy " + what + " of " + format_bytes(bytes) + " at " +
+                             format_address(kind == cudaMemcpyDeviceToHost ? src : dst),
+                         error);
+  }
+  return {};
+}
+}  // namespace
+
+Status CudaDevice::copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  return copy(*this, state_->ordinal, host_dst, device_src, bytes, cudaMemcpyDeviceToHost, "device to host");
+}
+
+Status CudaDevice::copy_from_host(void* device_dst, const void* host_src, std::size_t bytes) {
+  return copy(*this, state_->ordinal, device_dst, host_src, bytes, cudaMemcpyHostToDevice, "host to device");
+}
+
 const CudaDevice* find_cuda_device(const Device& device) {
   const Device* current = &device;
   while (current != nullptr) {
