@@ -195,6 +195,8 @@ struct ExpandablePool::State {
     return release_free(0);
   }
   Error out_of_memory(std::size_t requested, std::size_t rounded, std::size_t missing_granules);
+  /// An OOM of `requested` bytes, counted: the pool's figures now, the hint to add.
+  OomReport oom_report(std::size_t requested);
 
   /// The arenas place a block where it needs the fewest granules mapped, so
   /// that memory already mapped is used before any is stolen or created.
@@ -416,8 +418,7 @@ void ExpandablePool::State::reap() {
   }
 }
 
-Error ExpandablePool::State::out_of_memory(std::size_t requested, std::size_t rounded,
-                                           std::size_t missing_granules) {
+OomReport ExpandablePool::State::oom_report(std::size_t requested) {
   ++usage.num_ooms;
   OomReport report;
   report.requested_bytes = requested;
@@ -425,6 +426,12 @@ Error ExpandablePool::State::out_of_memory(std::size_t requested, std::size_t ro
   report.bytes_reserved = mapped_bytes();
   report.device_free_bytes = device->mem_info().free_bytes;
   report.largest_free_block_bytes = free_granule_bytes();
+  return report;
+}
+
+Error ExpandablePool::State::out_of_memory(std::size_t requested, std::size_t rounded,
+                                           std::size_t missing_granules) {
+  OomReport report = oom_report(requested);
   const std::size_t room = bytes_limit - mapped_bytes();
   if (rounded > bytes_limit) {
     report.hint = "the request is larger than the pool's limit of " + format_bytes(bytes_limit) +
@@ -814,13 +821,7 @@ Status ExpandablePool::State::make_room(const pool::Tag& tag, std::size_t count)
   complete_held();
   release_free(free_granule_bytes() > excess ? free_granule_bytes() - excess : 0);
   if (mapped_bytes() + wanted <= bytes_limit) return {};
-  ++usage.num_ooms;
-  OomReport report;
-  report.requested_bytes = wanted;
-  report.bytes_in_use = static_cast<std::size_t>(usage.bytes_in_use);
-  report.bytes_reserved = mapped_bytes();
-  report.device_free_bytes = device->mem_info().free_bytes;
-  report.largest_free_block_bytes = free_granule_bytes();
+  OomReport report = oom_report(wanted);
   report.hint = "the pool's limit is " + format_bytes(bytes_limit) + " and its other blocks took " +
                 format_bytes(mapped_bytes()) + " while tag " + pool::quoted_tag(tag.name) +
                 " slept; free them, sleep another tag, or raise TIDEPOOL_MEM_FRACTION (the tag stays asleep)";
