@@ -60,7 +60,8 @@ std::vector<Row> configuration_rows(const Config& config, const Device& device) 
   rows.push_back(row("wake_wait", config.wake_wait, std::to_string(config.wake_wait.value.count()) + " ms"));
   rows.push_back(row("quota", config.quota,
                      config.quota.value ? config.quota.value->to_string() : "none"));
-  rows.push_back(row("ledger", config.ledger, config.ledger.value ? "on" : "off"));
+  rows.push_back(row("ledger", config.ledger,
+                     config.ledger.value ? "on (segment " + configured_ledger_name(config, device.id()) + ")" : "off"));
   rows.push_back(row("ledger_mode", config.ledger_mode,
                      config.ledger_mode.value == 0660 ? "group (0660)" : "user (0600)"));
   return rows;
@@ -159,7 +160,11 @@ void print_text(const Config& config, const Device& device) {
 int run_info(const InfoOptions& options) {
   auto config = load_config(/*print_warnings=*/false);  // shown in the output instead
   if (!config) return report_error(config.error());
-  auto device = make_device(*config);
+  // The device alone: info reads the configuration, it does not join the
+  // ledger (the ledger row names the segment a pool would join).
+  Config bare = *config;
+  bare.ledger.value = false;
+  auto device = make_device(bare);
   if (!device) return report_error(device.error());
   if (options.json) {
     fmt::print("{}\n", to_json(*config, **device).dump(2));

@@ -30,20 +30,14 @@ struct LedgerCommandOptions {
 };
 
 /// The segment the options name: --device as a segment name when it starts
-/// with '/', else as a device id; without --device, the configured device's.
+/// with '/', else as a device id; without --device, the configured one.
 Expected<std::string> segment_name(const LedgerCommandOptions& options) {
   if (!options.device.empty() && options.device.front() == '/') return options.device;
   auto config = load_config();
   if (!config) return std::move(config).error();
   // The name is this user's (or, with TIDEPOOL_LEDGER_MODE=group, this group's).
-  const unsigned mode = config->ledger_mode.value;
-  if (!options.device.empty()) return ledger_segment_name(options.device, mode);
-  // The bare device: with the ledger on, make_device would register this
-  // command as a process using the device.
-  config->ledger.value = false;
-  auto device = make_device(*config);
-  if (!device) return std::move(device).error();
-  return ledger_segment_name((*device)->id(), mode);
+  if (!options.device.empty()) return ledger_segment_name(options.device, config->ledger_mode.value);
+  return configured_ledger_name(*config);
 }
 
 std::string bytes_or_none(std::size_t bytes) { return bytes != 0 ? format_bytes(bytes) : "none"; }

@@ -441,9 +441,8 @@ py::dict ledger_snapshot(const std::optional<std::string>& segment) {
     if (segment) {
       name = *segment;
     } else {
-      // The ledger of the device the environment configures (as `tidepool info`).
-      Config config = take(Config::from_env());
-      name = ledger_segment_name(take(make_device(config))->id(), config.ledger_mode.value);
+      // The ledger the environment configures (as `tidepool ledger`), read without registering.
+      name = take(configured_ledger_name(take(Config::from_env())));
     }
     auto ledger = take(Ledger::open_existing(name));
     return take(ledger->snapshot());

@@ -148,6 +148,15 @@ struct Config {
 /// host_capacity, or the CUDA device; then the ledger when enabled.
 Expected<std::shared_ptr<Device>> make_device(const Config& config);
 
+/// The ledger segment the configuration names for the device the
+/// configuration builds (TIDEPOOL_LEDGER_NAME, else the device's own name
+/// for this user, or group with TIDEPOOL_LEDGER_MODE=group), found without
+/// registering anywhere: what `tidepool ledger` and Python's ledger() read,
+/// and what the stack joins. Errors: those of building the bare device.
+Expected<std::string> configured_ledger_name(const Config& config);
+/// The same for the device of id `device_id`.
+std::string configured_ledger_name(const Config& config, std::string_view device_id);
+
 /// `device` guarded by the cross-process ledger of its id, this process
 /// registered with config.quota resolved against the device's total and
 /// config.ledger_mode for a new segment; what make_device does when

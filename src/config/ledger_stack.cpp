@@ -85,6 +85,20 @@ class LedgerTrimmedAllocator final : public Allocator, public Sleepable {
 
 }  // namespace
 
+std::string configured_ledger_name(const Config& config, std::string_view device_id) {
+  return config.ledger_name.value.empty() ? ledger_segment_name(device_id, config.ledger_mode.value)
+                                          : config.ledger_name.value;
+}
+
+Expected<std::string> configured_ledger_name(const Config& config) {
+  if (!config.ledger_name.value.empty()) return config.ledger_name.value;
+  Config bare = config;
+  bare.ledger.value = false;  // the device alone: with the ledger on, building it would register this process
+  auto device = make_device(bare);
+  if (!device) return std::move(device).error();
+  return configured_ledger_name(config, (*device)->id());
+}
+
 Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
                                                      std::shared_ptr<Device> device) {
   if (!device) return Error(Errc::invalid_argument, "make_ledger_device: no device");

@@ -218,6 +218,27 @@ def test_ledger_missing_segment():
         tidepool.ledger("/tidepool-pytest-no-such-segment")
 
 
+def test_ledger_reads_the_configured_name_without_registering(monkeypatch):
+    name = f"/tidepool-pytest-named-{os.getpid()}"
+    monkeypatch.setenv("TIDEPOOL_DEVICE", "host")
+    monkeypatch.setenv("TIDEPOOL_HOST_CAPACITY", "1GiB")
+    monkeypatch.setenv("TIDEPOOL_LEDGER", "on")
+    monkeypatch.setenv("TIDEPOOL_LEDGER_NAME", name)
+    # Nobody uses it yet: reading it neither creates nor joins it.
+    with pytest.raises(tidepool.IOError, match=name):
+        tidepool.ledger()
+    try:
+        with tidepool.Allocator.from_env() as pool:  # joins the named ledger
+            block = pool.allocate("4MiB")
+            snapshot = tidepool.ledger()
+            assert snapshot["segment_name"] == name
+            assert [e["pid"] for e in snapshot["entries"]] == [os.getpid()]  # one entry: the pool's
+            pool.free(block)
+    finally:
+        if os.path.exists("/dev/shm" + name):
+            os.remove("/dev/shm" + name)
+
+
 def test_ledger_shows_a_running_process():
     cli, app = os.environ.get("CLI_PATH"), os.environ.get("PRELOAD_APP")
     if not cli or not app:

@@ -180,6 +180,37 @@ TEST_F(LedgerCommand, ReclaimClearsTheDeadEntryAndSaysHowMany) {
 }
 
 // As nvidia-smi with no processes: no ledger is an answer (exit 0), not an error.
+TEST_F(LedgerCommand, TheConfiguredNameIsReadAndReadingNeverRegisters) {
+  // TIDEPOOL_LEDGER_NAME names the segment the stack joins: the command reads
+  // that one. Neither it nor `tidepool info` joins the ledger they look at.
+  const std::vector<std::string> env = {"TIDEPOOL_LEDGER=on", "TIDEPOOL_LEDGER_NAME=" + ledger_.segment,
+                                        "TIDEPOOL_HOST_CAPACITY=64MiB"};
+  Result json_result = run_cli({"ledger", "--json"}, env);
+  ASSERT_EQ(json_result.exit_status, 0) << json_result.err;
+  const auto report = nlohmann::json::parse(json_result.out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << json_result.out;
+  EXPECT_EQ(report["segment"], ledger_.segment);
+  Result info = run_cli({"info"}, env);
+  ASSERT_EQ(info.exit_status, 0) << info.err;
+  EXPECT_TRUE(contains(info.out, "on (segment " + ledger_.segment + ")")) << info.out;
+  // Only this process (and the dead child) ever registered.
+  auto ledger = Ledger::open_existing(ledger_.segment).value();
+  const LedgerSnapshot snapshot = ledger->snapshot().value();
+  for (const LedgerEntryInfo& entry : snapshot.entries) {
+    EXPECT_TRUE(entry.pid == getpid() || entry.pid == child_->pid()) << "pid " << entry.pid << " registered";
+  }
+  // A name no process uses: nothing is created by looking.
+  const std::string unused = "/tidepool-test-unused-" + std::to_string(getpid());
+  shm_unlink(unused.c_str());
+  const std::vector<std::string> unused_env = {"TIDEPOOL_LEDGER=on", "TIDEPOOL_LEDGER_NAME=" + unused};
+  Result missing = run_cli({"ledger"}, unused_env);
+  EXPECT_EQ(missing.exit_status, 0) << missing.err;
+  EXPECT_TRUE(contains(missing.out, "segment " + unused + " does not exist")) << missing.out;
+  EXPECT_EQ(run_cli({"info"}, unused_env).exit_status, 0);
+  EXPECT_FALSE(Ledger::open_existing(unused)) << "tidepool info created " << unused;
+  shm_unlink(unused.c_str());
+}
+
 TEST(LedgerCommandMissing, AMissingLedgerSaysNoProcessUsesOne) {
   const std::string segment = "/tidepool-test-missing-" + std::to_string(getpid());
   shm_unlink(segment.c_str());
