@@ -25,13 +25,20 @@ struct BestFitPool::State {
   const std::size_t bytes_limit;  // a multiple of kChunkGranule
   mutable std::mutex mutex;
   pool::BestFitArena arena;
-  std::size_t next_region_bytes = 0;  // BFC's curr_region_allocation_bytes_
+  std::size_t next_region_bytes = 0;  // BFC's curr_region_allocation_bytes_, at most bytes_limit
   pool::UsageCounters usage;
 
   /// BFC's Extend: takes a region large enough for `bytes` from the device.
   /// Returns false when the limit or the device refuses; an error for a
   /// device failure other than out of memory.
   Expected<bool> grow(std::size_t bytes);
+  /// Doubles next_region_bytes, stopping at bytes_limit: no region is ever
+  /// larger, and unbounded, a pool that trims and grows again and again
+  /// doubled it past 2^64 to 0, and grow() then looped forever holding the
+  /// pool's lock.
+  void double_next_region() {
+    next_region_bytes = next_region_bytes > bytes_limit / 2 ? bytes_limit : next_region_bytes * 2;
+  }
   /// Gives every fully free region back to the device; returns the bytes.
   std::size_t release_free_regions();
   Error out_of_memory(std::size_t requested, std::size_t rounded);
@@ -41,8 +48,8 @@ Expected<bool> BestFitPool::State::grow(std::size_t bytes) {
   const std::size_t available = (bytes_limit - arena.region_bytes()) / pool::kChunkGranule * pool::kChunkGranule;
   if (bytes > available) return false;
   bool increased = false;
-  while (bytes > next_region_bytes) {
-    next_region_bytes *= 2;
+  while (bytes > next_region_bytes) {  // ends: bytes <= available <= bytes_limit
+    double_next_region();
     increased = true;
   }
   std::size_t region_bytes = std::min(next_region_bytes, available);
@@ -56,9 +63,7 @@ Expected<bool> BestFitPool::State::grow(std::size_t bytes) {
     if (region_bytes < bytes) return false;
     region = device->allocate(region_bytes);
   }
-  // Capped at the limit: doubled at every grow, it wrapped to 0 after ~40
-  // grow/trim cycles and the loop above spun forever.
-  if (!increased && next_region_bytes <= bytes_limit / 2) next_region_bytes *= 2;
+  if (!increased) double_next_region();
   Status added = arena.add_region(*region, region_bytes);
   if (!added) {
     (void)device->free(*region, region_bytes);

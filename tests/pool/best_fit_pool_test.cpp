@@ -231,6 +231,27 @@ TEST(BestFitPool, TrimGivesFullyFreeRegionsBack) {
   ASSERT_TRUE(a->deallocate(again));
 }
 
+// Each trim gives the region back and the next allocate grows again, which
+// doubles the next region's size. Unbounded, that size passed 2^64 after
+// about 40 rounds, wrapped to 0, and grow() looped forever holding the
+// pool's lock (the Python close test hung with 8 threads waiting on it).
+// The size stops at the limit; the regions taken are the same.
+TEST_P(BestFitBothModes, TrimmingAndGrowingAgainNeverEnds) {
+  const bool preallocate = GetParam();
+  auto device = host_device(1 * GiB);
+  auto a = best_fit(device, preallocate, 1 * GiB);
+  for (int round = 0; round < 200; ++round) {
+    ASSERT_TRUE(a->deallocate(must_allocate(*a, 4 * KiB))) << "round " << round;
+    const std::size_t region = preallocate || round >= 9 ? 1 * GiB : (2 * MiB) << round;
+    ASSERT_EQ(a->trim(), region) << "round " << round;
+  }
+  const Stats stats = a->stats();
+  EXPECT_EQ(stats.num_device_allocs, 200);
+  EXPECT_EQ(stats.num_device_frees, 200);
+  EXPECT_EQ(stats.pool_bytes, 0);
+  EXPECT_EQ(device->mem_info().free_bytes, 1 * GiB);
+}
+
 // BFC's garbage collection: when growing fails, fully free regions go back
 // so that one larger region can be taken.
 TEST(BestFitPool, GrowthReleasesFreeRegionsToFitALargerOne) {

@@ -105,6 +105,21 @@ def test_close():
         pool.allocate(16)
 
 
+@pytest.mark.parametrize("mode", ["growth", "preallocate"])
+def test_trim_and_grow_again_many_times(mode):
+    # Each trim gives the region back and the next allocate grows the pool
+    # again. The close test's threads do this in a loop: after about 40
+    # rounds the BFC region size doubled past 2**64 to 0 and allocate()
+    # spun forever holding the pool's lock (the hang in that test).
+    pool = host(mode=mode)
+    for _ in range(100):
+        pool.free(pool.allocate(4096))
+        assert pool.trim() > 0
+    stats = pool.memory_stats()
+    assert stats["num_device_allocs"] == 100
+    assert stats["bytes_reserved"] == 0
+
+
 @pytest.mark.parametrize("mode", ["growth", "expandable", "preallocate", "platform"])
 def test_close_while_eight_threads_allocate(mode):
     # Before issue 14, close() destroyed the stack under calls that had
