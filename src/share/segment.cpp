@@ -408,16 +408,29 @@ Expected<Ledger::Segment::Lock> Ledger::Segment::lock_unchecked() {
 }
 
 int Ledger::Segment::timed_lock() {
-  timespec deadline{};
-  clock_gettime(CLOCK_REALTIME, &deadline);
-  const auto timeout_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(lock_timeout).count();
-  deadline.tv_sec += static_cast<time_t>(timeout_ns / 1'000'000'000);
-  deadline.tv_nsec += static_cast<long>(timeout_ns % 1'000'000'000);
-  if (deadline.tv_nsec >= 1'000'000'000) {
-    deadline.tv_sec += 1;
-    deadline.tv_nsec -= 1'000'000'000;
+  // The wait is cut into short slices, each a fresh pthread_mutex_clocklock.
+  // An unlock wakes one sleeper and clears FUTEX_WAITERS; the woken one sets
+  // it again when it takes the lock. When that one is killed (kill -9)
+  // between its wake-up and taking the lock, and another process takes the
+  // free lock meanwhile with a trylock (which sets no FUTEX_WAITERS), the
+  // wake-up is lost: the kernel's robust-list cleanup of the dead waiter
+  // wakes a successor only when the lock is free at the death, and the new
+  // holder's unlock wakes no one. The other sleepers would sleep through
+  // their whole lock_timeout and fail with the lock free. A slice's end
+  // makes a sleeper look again, so a lost wake-up costs one slice.
+  constexpr auto kSlice = std::chrono::milliseconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + lock_timeout;
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto wait = std::min<std::chrono::nanoseconds>(kSlice, std::max<std::chrono::nanoseconds>(deadline - now, {}));
+    timespec slice_end{};
+    clock_gettime(CLOCK_MONOTONIC, &slice_end);
+    const auto end_ns = static_cast<long long>(slice_end.tv_nsec) + wait.count();
+    slice_end.tv_sec += static_cast<time_t>(end_ns / 1'000'000'000);
+    slice_end.tv_nsec = static_cast<long>(end_ns % 1'000'000'000);
+    const int rc = pthread_mutex_clocklock(&header->mutex, CLOCK_MONOTONIC, &slice_end);
+    if (rc != ETIMEDOUT || std::chrono::steady_clock::now() >= deadline) return rc;
   }
-  return pthread_mutex_timedlock(&header->mutex, &deadline);
 }
 
 Expected<Ledger::Segment::Lock> Ledger::Segment::locked(int rc) {
@@ -434,7 +447,7 @@ Expected<Ledger::Segment::Lock> Ledger::Segment::locked(int rc) {
                                          share::remedy(name));
   }
   if (rc != 0 && rc != EOWNERDEAD) {
-    return Error(Errc::device_error, "ledger segment " + name + ": pthread_mutex_timedlock: " + std::strerror(rc));
+    return Error(Errc::device_error, "ledger segment " + name + ": pthread_mutex_clocklock: " + std::strerror(rc));
   }
   Lock held(this);
   header->lock_holder_pid.store(static_cast<std::int32_t>(share::current_pid()), std::memory_order_relaxed);

@@ -191,7 +191,8 @@ struct Ledger::Segment {
   }
 
  private:
-  /// pthread_mutex_timedlock with lock_timeout; its result.
+  /// The lock, waited for up to lock_timeout in short slices; the
+  /// pthread_mutex_clocklock result.
   int timed_lock();
   /// The Lock, or the error, for a lock call's result (EOWNERDEAD recovered).
   Expected<Lock> locked(int rc);

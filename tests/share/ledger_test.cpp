@@ -425,6 +425,47 @@ TEST(LedgerLock, ALiveHolderTimesOutWithItsPid) {
   EXPECT_TRUE(ledger->snapshot());
 }
 
+TEST(LedgerLock, AWaiterWhoseWakeUpIsLostStillGetsTheFreedLock) {
+  // What a waiter killed between its wake-up and taking the lock leaves when
+  // another process takes the free lock by trylock meanwhile: a sleeper, and
+  // a lock word without FUTEX_WAITERS, so the next unlock wakes no one. The
+  // sleeper must look again by itself, long before its lock_timeout.
+  UniqueSegment segment("lostwake");
+  create_segment(segment.name());
+  RawSegment raw(segment.name());
+  std::atomic_ref<int> word(raw.header().mutex.__data.__lock);
+  constexpr int kFutexWaiters = static_cast<int>(0x80000000u);
+  auto holder = Ledger::open_existing(segment.name()).value();
+  auto waiter = Ledger::open_existing(segment.name(), 3s).value();
+  std::atomic<bool> locked{false};
+  std::atomic<bool> release{false};
+  std::thread holding([&] {
+    (void)holder->with_lock_held([&] {
+      locked = true;
+      while (!release) std::this_thread::sleep_for(1ms);
+    });
+  });
+  while (!locked) std::this_thread::sleep_for(1ms);
+  std::string waited;  // "ok" or the error
+  std::thread waiting([&] {
+    auto snapshot = waiter->snapshot();
+    waited = snapshot ? std::string("ok") : snapshot.error().message();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while ((word.load() & kFutexWaiters) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_NE(word.load() & kFutexWaiters, 0) << "the waiter never waited";
+  std::this_thread::sleep_for(50ms);  // it sleeps in the kernel now
+  word.fetch_and(~kFutexWaiters);     // the wake-up is lost
+  release = true;
+  holding.join();
+  const auto released = std::chrono::steady_clock::now();
+  waiting.join();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - released);
+  EXPECT_EQ(waited, "ok");
+  EXPECT_LT(took.count(), 1000) << "the waiter slept on a free lock";
+}
+
 TEST(LedgerSegment, ConcurrentCreatorsMakeOneSegment) {
   UniqueSegment segment("race");
   constexpr int kProcesses = 8;
