@@ -67,7 +67,6 @@ struct DeviceCounters {
 
   /// Sums over every kind of call.
   std::uint64_t total_calls() const;
-  std::uint64_t total_failures() const;
   std::uint64_t total_nanoseconds() const;
 };
 
@@ -93,9 +92,6 @@ class CountingDevice final : public DeviceAdaptor {
   /// A snapshot. Each field is exact; fields read while other threads call
   /// may be from slightly different moments.
   DeviceCounters counters() const;
-  /// Zeroes the call counters and peaks (peaks restart from what is held now).
-  /// Held and mapped bytes stay: they describe live state.
-  void reset_calls();
 
  private:
   enum Kind { kAllocate, kFree, kReserve, kUnreserve, kCreate, kMap, kUnmap, kRelease,

@@ -95,11 +95,6 @@ std::uint64_t DeviceCounters::total_calls() const {
   return allocate.calls + free.calls + reserve.calls + unreserve.calls + create.calls +
          map.calls + unmap.calls + release.calls + synchronize.calls;
 }
-std::uint64_t DeviceCounters::total_failures() const {
-  return allocate.failures + free.failures + reserve.failures + unreserve.failures +
-         create.failures + map.failures + unmap.failures + release.failures +
-         synchronize.failures;
-}
 std::uint64_t DeviceCounters::total_nanoseconds() const {
   return allocate.nanoseconds + free.nanoseconds + reserve.nanoseconds + unreserve.nanoseconds +
          create.nanoseconds + map.nanoseconds + unmap.nanoseconds + release.nanoseconds +
@@ -222,16 +217,6 @@ DeviceCounters CountingDevice::counters() const {
   out.bytes_mapped = mapped_bytes_.load(std::memory_order_relaxed);
   out.peak_bytes_mapped = peak_mapped_.load(std::memory_order_relaxed);
   return out;
-}
-
-void CountingDevice::reset_calls() {
-  for (AtomicCall& counter : calls_) {
-    counter.calls.store(0, std::memory_order_relaxed);
-    counter.failures.store(0, std::memory_order_relaxed);
-    counter.nanoseconds.store(0, std::memory_order_relaxed);
-  }
-  peak_held_.store(held_bytes_.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  peak_mapped_.store(mapped_bytes_.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 }  // namespace tidepool

@@ -265,10 +265,6 @@ Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {
   return size;
 }
 
-bool BestFitArena::owns(const void* ptr) const noexcept {
-  return live_.find(reinterpret_cast<std::uintptr_t>(ptr)) != AddressMap::kMissing;
-}
-
 std::size_t BestFitArena::live_size(const void* ptr) const noexcept {
   const ChunkId id = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   return id == AddressMap::kMissing ? 0 : chunks_[id].size;

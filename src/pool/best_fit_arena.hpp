@@ -79,8 +79,6 @@ class BestFitArena {
   /// start of a free chunk (a block freed already).
   Expected<std::size_t> free(void* ptr, Stream stream);
 
-  /// Whether ptr is a block handed out and not freed yet.
-  bool owns(const void* ptr) const noexcept;
   /// The size of the live block at ptr; 0 when ptr is no live block's start.
   std::size_t live_size(const void* ptr) const noexcept;
 

@@ -118,17 +118,12 @@ TEST(CountingDevice, CountsCallsFailuresBytesAndTime) {
   EXPECT_EQ(c.free.calls, 1u);
   EXPECT_EQ(c.synchronize.calls, 1u);
   EXPECT_EQ(c.total_calls(), 15u);
-  EXPECT_EQ(c.total_failures(), 2u);
   EXPECT_GT(c.total_nanoseconds(), 0u);
   EXPECT_EQ(c.bytes_held, 0u);
   EXPECT_EQ(c.peak_bytes_held, 3 * g + 1000);
   EXPECT_EQ(c.bytes_mapped, 0u);
   EXPECT_EQ(c.peak_bytes_mapped, 3 * g);
 
-  counting->reset_calls();
-  c = counting->counters();
-  EXPECT_EQ(c.total_calls(), 0u);
-  EXPECT_EQ(c.peak_bytes_held, 0u);
 }
 
 TEST(CountingDevice, StacksOverALimit) {
