@@ -1,4 +1,10 @@
-"""What the Python tests share: JAX's memory_stats() keys and a host-device allocator."""
+"""What the Python tests share: JAX's memory_stats() keys, a host-device allocator and a
+ledger segment of a test's own."""
+
+import itertools
+import os
+
+import pytest
 
 import tidepool
 
@@ -16,3 +22,17 @@ def host(**settings):
     settings.setdefault("device", "host")
     settings.setdefault("capacity", "1GiB")
     return tidepool.Allocator(**settings)
+
+
+_segments = itertools.count()
+
+
+@pytest.fixture
+def ledger_segment():
+    """A ledger segment name of this test's own (TIDEPOOL_LEDGER_NAME), removed after it."""
+    name = f"/tidepool-pytest-{os.getpid()}-{next(_segments)}"
+    yield name
+    try:
+        os.unlink("/dev/shm" + name)
+    except FileNotFoundError:
+        pass

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import tidepool
-from support import host
+from support import host, ledger_segment  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
 
@@ -94,8 +94,8 @@ def shared_host(monkeypatch, segment, **extra):
         monkeypatch.setenv(name, value)
 
 
-def test_a_wake_fails_within_tidepool_wake_wait(monkeypatch):
-    segment = f"/tidepool-pytest-wake-wait-{os.getpid()}"
+def test_a_wake_fails_within_tidepool_wake_wait(monkeypatch, ledger_segment):
+    segment = ledger_segment
     shared_host(monkeypatch, segment, TIDEPOOL_WAKE_WAIT="300ms")
     pool = tidepool.Allocator.from_env()
     holder = None
@@ -118,10 +118,6 @@ def test_a_wake_fails_within_tidepool_wake_wait(monkeypatch):
             holder.stdin.close()
             holder.wait(timeout=30)
         pool.close()
-        try:
-            os.unlink("/dev/shm" + segment)
-        except FileNotFoundError:
-            pass
 
 
 A_TURN = textwrap.dedent("""
@@ -134,12 +130,9 @@ A_TURN = textwrap.dedent("""
 """)
 
 
-def test_two_processes_take_turns_through_the_ledger(monkeypatch):
-    segment = f"/tidepool-pytest-sleep-{os.getpid()}"
-    for name, value in {"TIDEPOOL_ALLOCATOR": "expandable", "TIDEPOOL_DEVICE": "host",
-                        "TIDEPOOL_HOST_CAPACITY": "64MiB", "TIDEPOOL_LEDGER": "true",
-                        "TIDEPOOL_LEDGER_NAME": segment}.items():
-        monkeypatch.setenv(name, value)
+def test_two_processes_take_turns_through_the_ledger(monkeypatch, ledger_segment):
+    segment = ledger_segment
+    shared_host(monkeypatch, segment, TIDEPOOL_MEM_FRACTION="0.75")  # the default fraction
     pool = tidepool.Allocator.from_env()
     other = None
     try:
@@ -166,7 +159,3 @@ def test_two_processes_take_turns_through_the_ledger(monkeypatch):
             other.stdin.close()
             other.wait(timeout=30)
         pool.close()
-        try:
-            os.unlink("/dev/shm" + segment)
-        except FileNotFoundError:
-            pass

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import tidepool
-from support import JAX_MEMORY_STATS_KEYS, host
+from support import JAX_MEMORY_STATS_KEYS, host, ledger_segment  # noqa: F401 (a fixture)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -233,8 +233,8 @@ def test_ledger_missing_segment():
         tidepool.ledger("/tidepool-pytest-no-such-segment")
 
 
-def test_ledger_reads_the_configured_name_without_registering(monkeypatch):
-    name = f"/tidepool-pytest-named-{os.getpid()}"
+def test_ledger_reads_the_configured_name_without_registering(monkeypatch, ledger_segment):
+    name = ledger_segment
     monkeypatch.setenv("TIDEPOOL_DEVICE", "host")
     monkeypatch.setenv("TIDEPOOL_HOST_CAPACITY", "1GiB")
     monkeypatch.setenv("TIDEPOOL_LEDGER", "on")
@@ -242,16 +242,12 @@ def test_ledger_reads_the_configured_name_without_registering(monkeypatch):
     # Nobody uses it yet: reading it neither creates nor joins it.
     with pytest.raises(tidepool.IOError, match=name):
         tidepool.ledger()
-    try:
-        with tidepool.Allocator.from_env() as pool:  # joins the named ledger
-            block = pool.allocate("4MiB")
-            snapshot = tidepool.ledger()
-            assert snapshot["segment_name"] == name
-            assert [e["pid"] for e in snapshot["entries"]] == [os.getpid()]  # one entry: the pool's
-            pool.free(block)
-    finally:
-        if os.path.exists("/dev/shm" + name):
-            os.remove("/dev/shm" + name)
+    with tidepool.Allocator.from_env() as pool:  # joins the named ledger
+        block = pool.allocate("4MiB")
+        snapshot = tidepool.ledger()
+        assert snapshot["segment_name"] == name
+        assert [e["pid"] for e in snapshot["entries"]] == [os.getpid()]  # one entry: the pool's
+        pool.free(block)
 
 
 def test_ledger_shows_a_running_process():
