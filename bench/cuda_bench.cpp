@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     std::printf("cuda_bench: no CUDA device: %s\n", availability.reason.c_str());
     return 0;
   }
-  auto device = CudaDevice::create(0);
+  auto device = CudaDevice::open(0);
   if (!device) {
     std::printf("cuda_bench: %s\n", device.error().message().c_str());
     return 1;

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,7 +57,7 @@ int main(int argc, char** argv) {
 
   trace::ReplayOptions options;
   options.device = []() -> Expected<std::shared_ptr<Device>> {
-    auto device = CudaDevice::create(0);
+    auto device = CudaDevice::open(0);
     if (!device) return std::move(device).error();
     return std::shared_ptr<Device>(std::move(*device));
   };
@@ -72,13 +74,24 @@ int main(int argc, char** argv) {
     auto loaded = trace::read_trace(path);
     if (!loaded) return fail(loaded.error().message());
     for (trace::Event& event : loaded->events) event.stream = kDefaultStream;
-    auto replayed = trace::replay(*loaded, modes, options);
-    if (!replayed) return fail(path + ": " + replayed.error().message());
-    // Every memset must have run on memory the driver knows.
-    if (cudaError_t error = cudaDeviceSynchronize(); error != cudaSuccess)
-      return fail(path + ": after the replay: " + cudaGetErrorName(error));
-    std::printf("%s\n", report::replay_table(*replayed).c_str());
-    replays.push_back(std::move(*replayed));
+    // One mode at a time, the device synchronized after each: every memset
+    // must have run on memory the driver knows, and a fault names its mode.
+    std::optional<trace::TraceReplay> all;
+    for (Mode mode : modes) {
+      auto replayed = trace::replay(*loaded, std::span<const Mode>(&mode, 1), options);
+      if (!replayed) return fail(path + ": " + replayed.error().message());
+      if (cudaError_t error = cudaDeviceSynchronize(); error != cudaSuccess) {
+        return fail(path + ": after the replay under " + std::string(mode_name(mode)) + ": " +
+                    cudaGetErrorName(error) + ": " + cudaGetErrorString(error));
+      }
+      if (!all) {
+        all = std::move(*replayed);
+      } else {
+        all->modes.push_back(std::move(replayed->modes.front()));
+      }
+    }
+    std::printf("%s\n", report::replay_table(*all).c_str());
+    replays.push_back(std::move(*all));
   }
   if (!json_path.empty()) {
     std::ofstream out(json_path);

@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
 #ifdef TIDEPOOL_HAVE_CUDA
   std::shared_ptr<Device> gpu;  // outlives the benchmarks
   if (cuda_availability().available()) {
-    auto made = CudaDevice::create(0);
+    auto made = CudaDevice::open(0);
     if (made) {
       gpu = std::move(*made);
       register_device("cuda", gpu, 4 * GiB);

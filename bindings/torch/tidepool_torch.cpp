@@ -44,7 +44,7 @@ Expected<tidepool::Allocator*> allocator_for(int device) {
     if (!made) return std::move(made).error();
     cuda = std::move(*made);
   } else {
-    auto made = tidepool::CudaDevice::create(device);
+    auto made = tidepool::CudaDevice::open(device);
     if (!made) return std::move(made).error();
     cuda = std::move(*made);
     if (config->ledger.value) {

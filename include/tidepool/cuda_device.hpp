@@ -56,7 +56,9 @@ class CudaDevice final : public Device {
   /// CUDA_VISIBLE_DEVICES). Errors: unsupported "no CUDA device: <why>" when
   /// cuda_availability() says none is usable; invalid_argument for an ordinal
   /// out of range; device_error with the CUDA error's name and message.
-  static Expected<std::shared_ptr<CudaDevice>> create(int ordinal = 0);
+  /// (Not named create: that would hide Device::create(bytes), and
+  /// `cuda->create(bytes)` would open a device.)
+  static Expected<std::shared_ptr<CudaDevice>> open(int ordinal = 0);
 
   /// Gives back whatever is still mapped, created, reserved or allocated.
   ~CudaDevice() override;

@@ -43,7 +43,7 @@ std::string known_names() {
   return out;
 }
 
-// The CUDA device the stack uses (make_device: CudaDevice::create(0)), whose
+// The CUDA device the stack uses (make_device: CudaDevice::open(0)), whose
 // CUDA_DEVICE_MEMORY_LIMIT_<index> applies.
 constexpr int kHamiDeviceIndex = 0;
 

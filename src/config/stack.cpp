@@ -45,7 +45,7 @@ Expected<std::shared_ptr<Device>> make_device(const Config& config) {
     }
     case DeviceKind::cuda: {
 #ifdef TIDEPOOL_HAVE_CUDA
-      auto cuda = CudaDevice::create(0);
+      auto cuda = CudaDevice::open(0);
       if (!cuda) {
         return Error(cuda.error().code(), config.device.source + "=cuda: " + cuda.error().message());
       }

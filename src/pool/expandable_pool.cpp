@@ -488,9 +488,13 @@ Expected<std::unique_ptr<ExpandablePool>> ExpandablePool::create(std::shared_ptr
 ExpandablePool::ExpandablePool(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 ExpandablePool::~ExpandablePool() {
-  // As BFC: everything goes back, whatever is still in use.
+  // As BFC: everything goes back, whatever is still in use. Unlike cudaFree,
+  // cuMemUnmap does not wait for work queued on the memory (PyTorch's
+  // expandable segments synchronize before unmapping for this reason), so
+  // the streams blocks were freed on are waited for first.
   State& s = *state_;
   s.stop_reaper();
+  for (Stream stream : s.freeing_streams) (void)s.device->synchronize(stream);
   for (std::size_t id = 1; id <= s.tags.size(); ++id) s.free_host(s.tags.at(static_cast<pool::TagId>(id)).host);
   for (GranuleId id = 0; id < s.granules.size(); ++id) {
     if (!s.granules.is_mapped(id)) continue;

@@ -270,7 +270,15 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
   // Pass p's x values follow pass p - 1's: the series reads as one run.
   const std::int64_t pass_span =
       events.empty() ? 0 : (timed ? events.back().time_us - first_x + 1 : static_cast<std::int64_t>(events.size()));
-  const std::uint64_t initial_reserved = counting.counters().bytes_held;
+  // What the pool holds: the device's count, except under cuda_async, whose
+  // memory the driver's pool takes past the Device (cudaMallocAsync); its
+  // stats read the driver's pool. Reading them after every event is not
+  // counted in the replay's time.
+  const bool held_past_device = mode == Mode::cuda_async;
+  auto held = [&]() -> std::uint64_t {
+    return held_past_device ? static_cast<std::uint64_t>(pool.stats().bytes_reserved) : counting.counters().bytes_held;
+  };
+  const std::uint64_t initial_reserved = held();
   result.initial_reserved_bytes = initial_reserved;
   if (flags.collect_series) sampler.start(first_x, 0, initial_reserved);
 
@@ -289,6 +297,7 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
     const std::int64_t x_offset = pass_span * pass_index;
     std::fill(state.begin(), state.end(), kNotStarted);
 
+    std::chrono::steady_clock::duration reading{};  // held() past the device: not replay time
     const auto started = std::chrono::steady_clock::now();
     for (std::size_t index = 0; index < events.size(); ++index) {
       const Event& event = events[index];
@@ -381,7 +390,11 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
         case Op::segment_free:
           break;  // the recorded allocator's own reservations: see recorded_reserved()
       }
-      if (probe.holding_calls() != seen_calls) {  // what is held changes only through the device
+      if (held_past_device) {
+        const auto before = std::chrono::steady_clock::now();
+        reserved = held();
+        reading += std::chrono::steady_clock::now() - before;
+      } else if (probe.holding_calls() != seen_calls) {  // what is held changes only through the device
         seen_calls = probe.holding_calls();
         reserved = counting.counters().bytes_held;
       }
@@ -396,7 +409,7 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
     }
     const auto finished = std::chrono::steady_clock::now();
     pass.replay_ns = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(finished - started).count());
+        std::chrono::duration_cast<std::chrono::nanoseconds>(finished - started - reading).count());
     pass.device_calls = calls_of(counting.counters()).since(calls_before);
     done += events.size();
 
@@ -416,7 +429,7 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
     }
     live = 0;
     seen_calls = probe.holding_calls();
-    reserved = counting.counters().bytes_held;
+    reserved = held();
   }
   if (flags.collect_series) sampler.finish();
 
@@ -424,7 +437,7 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
   result.peak_live_bytes = peak_live;  // replay_with_search puts the trace's in
   result.peak_reserved_bytes = peak_reserved;
   const DeviceCounters counts = counting.counters();
-  result.final_reserved_bytes = counts.bytes_held;
+  result.final_reserved_bytes = held();
   result.average_reserved_bytes = events.empty() ? static_cast<double>(initial_reserved) : average.mean();
   result.stats = pool.stats();
   result.peak_live_rounded_bytes = static_cast<std::uint64_t>(result.stats.peak_bytes_in_use);

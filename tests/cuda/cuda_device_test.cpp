@@ -38,7 +38,7 @@ TEST(CudaAvailability, SaysWhyNoDeviceIsUsable) {
 
 TEST(CudaAvailability, CreateFailsCleanlyWithoutADevice) {
   const CudaAvailability availability = cuda_availability();
-  Expected<std::shared_ptr<CudaDevice>> device = CudaDevice::create(0);
+  Expected<std::shared_ptr<CudaDevice>> device = CudaDevice::open(0);
   if (availability.available()) {
     ASSERT_TRUE(device) << device.error().message();
     GTEST_SKIP() << "a CUDA device is present; this checks the refusal without one";
@@ -47,14 +47,14 @@ TEST(CudaAvailability, CreateFailsCleanlyWithoutADevice) {
   EXPECT_EQ(device.error().code(), Errc::unsupported);
   EXPECT_EQ(device.error().message(), "no CUDA device: " + availability.reason);
   // Asking again does not change the answer or crash.
-  EXPECT_FALSE(CudaDevice::create(0));
+  EXPECT_FALSE(CudaDevice::open(0));
   EXPECT_EQ(cuda_availability().status, availability.status);
 }
 
 TEST(CudaAvailability, OrdinalOutOfRangeIsRefused) {
   const CudaAvailability availability = cuda_availability();
   for (int ordinal : {-1, availability.device_count, 1 << 20}) {
-    Expected<std::shared_ptr<CudaDevice>> device = CudaDevice::create(ordinal);
+    Expected<std::shared_ptr<CudaDevice>> device = CudaDevice::open(ordinal);
     ASSERT_FALSE(device) << "ordinal " << ordinal;
     EXPECT_EQ(device.error().code(),
               availability.available() ? Errc::invalid_argument : Errc::unsupported)
@@ -128,7 +128,7 @@ TEST(CudaAvailabilityChild, MatchesTheExpectedStatus) {
   const CudaAvailability availability = cuda_availability();
   EXPECT_STREQ(cuda_status_name(availability.status), expected) << availability.reason;
   EXPECT_NE(availability.reason.find("stub"), std::string::npos) << availability.reason;
-  Expected<std::shared_ptr<CudaDevice>> device = CudaDevice::create(0);
+  Expected<std::shared_ptr<CudaDevice>> device = CudaDevice::open(0);
   ASSERT_FALSE(device);
   EXPECT_EQ(device.error().code(), Errc::unsupported);
   std::printf("child reason: %s\n", availability.reason.c_str());
@@ -180,7 +180,7 @@ TEST_F(CudaDeviceTest, IdentityIsTheGpuUuid) {
   EXPECT_NE(device_->description().find(device_->name()), std::string::npos) << device_->description();
   EXPECT_EQ(device_->ordinal(), 0);
   // The same GPU has the same identity.
-  Expected<std::shared_ptr<CudaDevice>> again = CudaDevice::create(0);
+  Expected<std::shared_ptr<CudaDevice>> again = CudaDevice::open(0);
   ASSERT_TRUE(again) << again.error().message();
   EXPECT_EQ((*again)->id(), id);
 }

@@ -145,15 +145,21 @@ TEST_F(CudaExpandableTest, StitchedBlockHoldsDataAndSurvivorsAreIntact) {
   Expected<std::unique_ptr<ExpandablePool>> made = ExpandablePool::create(device_, options);
   ASSERT_TRUE(made) << made.error().message();
   ExpandablePool& pool = **made;
-  std::vector<void*> survivors;
+  // All 32 first, then every other one freed: a block freed at once would
+  // be the next one's (the pool reuses a mapped range before it maps).
+  std::vector<void*> blocks;
   for (int i = 0; i < 32; ++i) {
     Expected<void*> block = pool.allocate(16 * MiB);
     ASSERT_TRUE(block) << block.error().message();
+    blocks.push_back(*block);
+  }
+  std::vector<void*> survivors;
+  for (int i = 0; i < 32; ++i) {
     if (i % 2 == 0) {
-      ASSERT_TRUE(pool.deallocate(*block));
+      ASSERT_TRUE(pool.deallocate(blocks[i]));
     } else {
-      ASSERT_TRUE(write_pattern(*block, 16 * MiB, static_cast<std::uint64_t>(i)));
-      survivors.push_back(*block);
+      ASSERT_TRUE(write_pattern(blocks[i], 16 * MiB, static_cast<std::uint64_t>(i)));
+      survivors.push_back(blocks[i]);
     }
   }
   Expected<void*> half = pool.allocate(256 * MiB);

@@ -24,7 +24,7 @@ class CudaTest : public ::testing::Test {
   void SetUp() override {
     const CudaAvailability availability = cuda_availability();
     if (!availability.available()) GTEST_SKIP() << "skipped: no CUDA device: " << availability.reason;
-    Expected<std::shared_ptr<CudaDevice>> device = CudaDevice::create(0);
+    Expected<std::shared_ptr<CudaDevice>> device = CudaDevice::open(0);
     ASSERT_TRUE(device) << device.error().message();
     device_ = *device;
   }

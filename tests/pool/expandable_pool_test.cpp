@@ -5,10 +5,12 @@
 // with every pool is in allocator_contract_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -306,6 +308,40 @@ TEST(ExpandablePool, TheMappingLimitIsAClearErrorAndThePoolRecovers) {
   EXPECT_EQ(device->mem_info().free_bytes, 256 * MiB);
   void* whole = must_allocate(*pool, 256 * MiB);  // fresh granules map as one run again
   ASSERT_TRUE(pool->deallocate(whole));
+}
+
+// Records the order of synchronize() and unmap() calls.
+class CallOrderDevice final : public DeviceAdaptor {
+ public:
+  using DeviceAdaptor::DeviceAdaptor;
+  Status synchronize(Stream stream) override {
+    calls.push_back("sync " + std::to_string(stream));
+    return DeviceAdaptor::synchronize(stream);
+  }
+  Status unmap(void* va, std::size_t bytes) override {
+    calls.push_back("unmap");
+    return DeviceAdaptor::unmap(va, bytes);
+  }
+  std::vector<std::string> calls;
+};
+
+// cuMemUnmap, unlike cudaFree, does not wait for work queued on the memory:
+// a pool destroyed right after its blocks were freed waits for their streams
+// before it unmaps (on a GPU, a memset still running faulted otherwise).
+TEST(ExpandablePool, DestroyingThePoolWaitsForTheStreamsBlocksWereFreedOn) {
+  auto order = std::make_shared<CallOrderDevice>(host_device(64 * MiB));
+  {
+    auto pool = expandable(order);
+    void* a = must_allocate(*pool, 4 * MiB, 1);
+    void* b = must_allocate(*pool, 8 * MiB, 2);
+    ASSERT_TRUE(pool->deallocate(a, 1));
+    ASSERT_TRUE(pool->deallocate(b, 2));
+    order->calls.clear();
+  }
+  const auto first_unmap = std::find(order->calls.begin(), order->calls.end(), "unmap");
+  ASSERT_NE(first_unmap, order->calls.end()) << "the pool unmapped nothing";
+  EXPECT_NE(std::find(order->calls.begin(), first_unmap, "sync 1"), first_unmap);
+  EXPECT_NE(std::find(order->calls.begin(), first_unmap, "sync 2"), first_unmap);
 }
 
 TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {

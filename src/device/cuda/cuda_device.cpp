@@ -184,7 +184,7 @@ struct CudaDevice::State {
   }
 };
 
-Expected<std::shared_ptr<CudaDevice>> CudaDevice::create(int ordinal) {
+Expected<std::shared_ptr<CudaDevice>> CudaDevice::open(int ordinal) {
   const CudaAvailability availability = cuda_availability();
   if (!availability.available()) {
     return Error(Errc::unsupported, "no CUDA device: " + availability.reason);
