@@ -3,12 +3,13 @@
 // that the replay takes and touches real device memory. The replay engine's
 // own loop and figures (docs/replay.md); only the device and the touch differ.
 //
-//   gpu_replay_bench [--json FILE] [TRACE...]   (default: tests/data/pytorch/*.pickle)
+//   gpu_replay_bench [--json FILE] [--passes N] [TRACE...]   (default: tests/data/pytorch/*.pickle)
 //
 // The recorded streams are not this process's: every event runs on the
 // default stream. Prints each trace's table; exits 1 with the reason when
 // there is no usable GPU or a replay fails.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -38,12 +39,21 @@ int fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   std::string json_path;
+  unsigned passes = 1;
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--passes") == 0 && i + 1 < argc) {
+      char* end = nullptr;
+      const unsigned long n = std::strtoul(argv[++i], &end, 10);
+      if (*end != '\0' || n == 0 || n > trace::kMaxPasses) {
+        return fail(std::string("--passes '") + argv[i] + "' is invalid; allowed: 1 to " +
+                    std::to_string(trace::kMaxPasses));
+      }
+      passes = static_cast<unsigned>(n);
     } else if (argv[i][0] == '-') {
-      return fail(std::string("unknown option '") + argv[i] + "'; allowed: --json FILE, then trace files");
+      return fail(std::string("unknown option '") + argv[i] + "'; allowed: --json FILE, --passes N, then trace files");
     } else {
       paths.emplace_back(argv[i]);
     }
@@ -56,6 +66,7 @@ int main(int argc, char** argv) {
   if (!availability.available()) return fail("no CUDA device: " + availability.reason);
 
   trace::ReplayOptions options;
+  options.passes = passes;
   options.device = []() -> Expected<std::shared_ptr<Device>> {
     auto device = CudaDevice::open(0);
     if (!device) return std::move(device).error();

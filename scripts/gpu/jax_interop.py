@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Unmodified JAX on tidepool, on a GPU (scripts/gpu-check runs it; written
-without a GPU, run there first):
+"""Unmodified JAX on tidepool, on a GPU (scripts/gpu-check runs it):
 
     scripts/gpu/jax_interop.py CLI OUT_JSON
 

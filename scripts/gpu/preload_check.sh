@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU check of `tidepool run` on the real driver (scripts/gpu-check runs it;
-# written without a GPU). Needs nvcc and a GPU; CLI is the tidepool command
-# (default: BUILD_DIR/tools/tidepool, BUILD_DIR default build):
+# GPU check of `tidepool run` on the real driver (scripts/gpu-check runs it).
+# Needs nvcc and a GPU; CLI is the tidepool command (default:
+# BUILD_DIR/tools/tidepool, BUILD_DIR default build):
 #   CLI=build/tools/tidepool scripts/gpu/preload_check.sh
 # 1. A CUDA runtime program (the runtime reaches the driver through
 #    cuGetProcAddress) under --quota 40%: cudaMemGetInfo's total is the quota,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`tidepool run --quota` around the frameworks on a GPU (scripts/gpu-check
-runs it; written without a GPU, run there first):
+runs it; first run on an H200 on 2026-12-04):
 
     scripts/gpu/quota_check.py CLI jax|torch|torch-expandable|cupy
 

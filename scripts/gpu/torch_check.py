@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""GPU check of tidepool's PyTorch allocator (scripts/gpu-check runs it;
-written without a GPU). Needs a CUDA GPU, PyTorch, and libtidepool_torch.so
-(built with the CUDA toolkit), loaded by path with the package's torch.py, so
+"""GPU check of tidepool's PyTorch allocator (scripts/gpu-check runs it).
+Needs a CUDA GPU, PyTorch, and libtidepool_torch.so (built with the CUDA
+toolkit), loaded by path with the package's torch.py, so
 that no tidepool Python extension is needed:
 
     XLA_PYTHON_CLIENT_PREALLOCATE=false python3 scripts/gpu/torch_check.py build/libtidepool_torch.so

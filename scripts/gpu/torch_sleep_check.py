@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU check of sleep and wake through tidepool's PyTorch allocator
-(scripts/gpu-check runs it; written without a GPU). Needs a CUDA GPU, PyTorch
+(scripts/gpu-check runs it). Needs a CUDA GPU, PyTorch
 and libtidepool_torch.so, loaded by path with the package's torch.py:
 
     python3 scripts/gpu/torch_sleep_check.py build/libtidepool_torch.so

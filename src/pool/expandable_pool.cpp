@@ -47,6 +47,10 @@ constexpr std::size_t kSlackShare = 64;
 // Large blocks whose free is held back (see above). Enough for the large
 // blocks of a layer or two freed and asked for again in the same order.
 constexpr std::size_t kHeldBlocks = 16;
+// A sleep or a wake copies this much at a time, overlapped with the
+// unmapping or mapping of the chunk before (a bare copy's speed, not the
+// sum of both).
+constexpr std::size_t kCopyChunkBytes = 64 << 20;
 
 pool::ArenaOptions arena_options() {
   // Always split: a chunk's unused tail would otherwise hold physical memory
@@ -231,23 +235,37 @@ struct ExpandablePool::State {
   std::vector<GranuleId> granules_under(const pool::Tag& tag) const;
   /// The mapped granules of the tag's address space, ascending.
   std::vector<GranuleId> mapped_granules(pool::TagId id) const;
-  /// Waits for the tag's streams and copies `runs` to its host buffer
-  /// (made or grown first). Unlocked: the tag's phase keeps others off it.
-  Status save_contents(pool::Tag& tag, SleepKeep keep, const std::vector<pool::CopyRun>& runs);
-  Status restore_contents(pool::Tag& tag, const std::vector<pool::CopyRun>& runs);
+  /// Waits for the tag's streams and makes (or grows) its host buffer for
+  /// `keep`. Unlocked: the tag's phase keeps others off it.
+  Status prepare_host(pool::Tag& tag, SleepKeep keep);
+  /// The granules a sleep or a wake copies at a time, while it unmaps or
+  /// maps the chunk before.
+  std::size_t chunk_granules() const noexcept { return std::max<std::size_t>(1, kCopyChunkBytes / granule); }
   void free_host(pool::HostBuffer& buffer) noexcept {
     if (buffer.ptr != nullptr) (void)device->free_host(buffer.ptr, buffer.bytes);
     buffer = {};
   }
-  /// Unmaps and releases every mapped granule of the tag; sets bytes_asleep.
-  Status release_tag(pool::Tag& tag);
+  /// Unmaps and releases the mapped granules of the tag's space that no
+  /// live block uses.
+  void release_free_of(const pool::Tag& tag);
+  /// Unmaps and releases granules `ids`, used by the tag's live blocks
+  /// (their contents copied, or not kept), adding them to bytes_asleep. The
+  /// first refusal goes to `failed`; that granule stays mapped.
+  void release_used(pool::Tag& tag, std::span<const GranuleId> ids, std::optional<Error>& failed);
+  /// Maps fresh memory under `ids` (unmapped, used by the tag's live
+  /// blocks), taken from the device in one request (one ledger reservation:
+  /// never half a wake), and, when `copy`, copies their contents back from
+  /// the host buffer, a chunk copied while the next is mapped. An error:
+  /// none of ids is mapped. A copy's error goes to `copy_failed`; everything
+  /// is mapped.
+  Status map_back(pool::Tag& tag, const std::vector<GranuleId>& ids, bool copy, std::optional<Error>& copy_failed);
   /// Room under the limit for `count` more granules (others may have grown
   /// into what a sleeping tag gave up): free granules released if need be;
   /// out_of_memory when live blocks hold the rest.
   Status make_room(const pool::Tag& tag, std::size_t count);
   /// Maps `handles` at granules `ids` (unmapped, used); on failure none is
   /// mapped and every handle is released.
-  Status map_woken(const std::vector<GranuleId>& ids, const std::vector<PhysicalHandle>& handles);
+  Status map_woken(std::span<const GranuleId> ids, std::span<const PhysicalHandle> handles);
   std::vector<pool::CopyRun> copy_runs(const std::vector<GranuleId>& ids, const std::vector<GranuleId>& order) const {
     return pool::copy_runs(ids, order, granule, [this](GranuleId id) { return address_of(id); });
   }
@@ -764,7 +782,7 @@ std::vector<GranuleId> ExpandablePool::State::mapped_granules(pool::TagId id) co
   return ids;
 }
 
-Status ExpandablePool::State::save_contents(pool::Tag& tag, SleepKeep keep, const std::vector<pool::CopyRun>& runs) {
+Status ExpandablePool::State::prepare_host(pool::Tag& tag, SleepKeep keep) {
   for (Stream stream : tag.streams) {
     if (Status synced = device->synchronize(stream); !synced) return synced;
   }
@@ -779,33 +797,20 @@ Status ExpandablePool::State::save_contents(pool::Tag& tag, SleepKeep keep, cons
     if (!host) return std::move(host).error();
     tag.host = {*host, bytes};
   }
-  auto* host = static_cast<char*>(tag.host.ptr);
-  for (const pool::CopyRun& run : runs) {
-    Status copied = device->copy_to_host(host + run.host_offset * granule, run.device, run.granules * granule);
-    if (!copied) return copied;
-  }
   return {};
 }
 
-Status ExpandablePool::State::restore_contents(pool::Tag& tag, const std::vector<pool::CopyRun>& runs) {
-  const auto* host = static_cast<const char*>(tag.host.ptr);
-  for (const pool::CopyRun& run : runs) {
-    Status copied = device->copy_from_host(run.device, host + run.host_offset * granule, run.granules * granule);
-    if (!copied) return copied;
-  }
-  return {};
-}
-
-Status ExpandablePool::State::release_tag(pool::Tag& tag) {
-  std::optional<Error> failed;  // the first refusal; the granule stays mapped, awake
-  tag.bytes_asleep = 0;
+void ExpandablePool::State::release_free_of(const pool::Tag& tag) {
   const std::vector<GranuleId> used = granules_under(tag);
   for (GranuleId id : mapped_granules(tag.id)) {
-    if (!std::binary_search(used.begin(), used.end(), id)) {  // free: no live block in it
-      Expected<PhysicalHandle> handle = unmap_free(id);
-      if (handle) release_handle(*handle);
-      continue;
-    }
+    if (std::binary_search(used.begin(), used.end(), id)) continue;
+    Expected<PhysicalHandle> handle = unmap_free(id);
+    if (handle) release_handle(*handle);
+  }
+}
+
+void ExpandablePool::State::release_used(pool::Tag& tag, std::span<const GranuleId> ids, std::optional<Error>& failed) {
+  for (GranuleId id : ids) {
     if (Status unmapped = device->unmap(address_of(id), granule); !unmapped) {
       if (!failed) failed = std::move(unmapped).error();
       continue;
@@ -814,8 +819,60 @@ Status ExpandablePool::State::release_tag(pool::Tag& tag) {
     release_handle(granules.take_used(id));
     tag.bytes_asleep += granule;
   }
-  if (failed) return *failed;
-  return {};
+}
+
+Status ExpandablePool::State::map_back(pool::Tag& tag, const std::vector<GranuleId>& ids, bool copy,
+                                       std::optional<Error>& copy_failed) {
+  if (ids.empty()) return {};
+  Expected<std::vector<PhysicalHandle>> handles = device->create_many(granule, ids.size());
+  {
+    std::lock_guard lock(mutex);
+    if (!handles) {
+      if (handles.error().code() == Errc::out_of_memory) ++usage.num_ooms;
+      return Error(handles.error().code(), "of " + format_bytes(ids.size() * granule) + ": " + handles.error().message());
+    }
+    for (std::size_t k = 0; k < handles->size(); ++k) usage.reserved(granule);
+    if (Status room = make_room(tag, ids.size()); !room) {  // again: others may have allocated meanwhile
+      for (PhysicalHandle handle : *handles) release_handle(handle);
+      return room;
+    }
+  }
+  const std::size_t chunk = chunk_granules();
+  const std::size_t chunks = (ids.size() + chunk - 1) / chunk;
+  const auto part = [&](std::size_t i) { return std::min(chunk, ids.size() - i * chunk); };
+  const std::vector<std::vector<pool::CopyRun>> copies =
+      copy ? pool::chunk_runs(copy_runs(ids, tag.sleeping), chunk, granule) : std::vector<std::vector<pool::CopyRun>>{};
+  const auto* host = static_cast<const char*>(tag.host.ptr);
+  pool::PipelineEnd end = pool::pipeline(
+      chunks,
+      [&](std::size_t i) -> Status {  // a helper thread maps chunk i
+        std::lock_guard lock(mutex);
+        Status mapped = map_woken(std::span(ids).subspan(i * chunk, part(i)),
+                                  std::span<const PhysicalHandle>(*handles).subspan(i * chunk, part(i)));
+        if (!mapped) return Error(mapped.error().code(), "of " + format_bytes(ids.size() * granule) + ": " + mapped.error().message());
+        return {};
+      },
+      [&](std::size_t i) {  // while this thread copies chunk i back
+        if (i >= copies.size() || copy_failed) return;
+        for (const pool::CopyRun& run : copies[i]) {
+          Status copied = device->copy_from_host(run.device, host + run.host_offset * granule, run.granules * granule);
+          if (!copied) {
+            copy_failed = std::move(copied).error();
+            return;
+          }
+        }
+      });
+  if (end.status) return {};
+  // What was mapped goes again, and what was not mapped is released (the
+  // failed chunk's own handles went with it): the tag stays as it was.
+  std::lock_guard lock(mutex);
+  for (std::size_t k = 0; k < end.done * chunk; ++k) {
+    (void)device->unmap(address_of(ids[k]), granule);
+    ++unmaps;
+    release_handle(granules.take_used(ids[k]));
+  }
+  for (std::size_t k = (end.done + 1) * chunk; k < ids.size(); ++k) release_handle((*handles)[k]);
+  return end.status;
 }
 
 Status ExpandablePool::State::make_room(const pool::Tag& tag, std::size_t count) {
@@ -832,12 +889,12 @@ Status ExpandablePool::State::make_room(const pool::Tag& tag, std::size_t count)
   return Error::out_of_memory("expandable pool: wake(" + pool::quoted_tag(tag.name) + ")", std::move(report));
 }
 
-Status ExpandablePool::State::map_woken(const std::vector<GranuleId>& ids, const std::vector<PhysicalHandle>& handles) {
+Status ExpandablePool::State::map_woken(std::span<const GranuleId> ids, std::span<const PhysicalHandle> handles) {
   for (std::size_t i = 0; i < ids.size();) {
     auto* first = static_cast<char*>(address_of(ids[i]));
     std::size_t count = 1;
     while (i + count < ids.size() && address_of(ids[i + count]) == first + count * granule) ++count;
-    Status mapped = device->map_many(first, granule, std::span(handles).subspan(i, count));
+    Status mapped = device->map_many(first, granule, handles.subspan(i, count));
     if (!mapped) {
       for (std::size_t j = 0; j < i; ++j) {
         (void)device->unmap(address_of(ids[j]), granule);
@@ -881,6 +938,9 @@ Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
   Expected<pool::Tag*> found = s.begin_change("sleep", name, pool::TagPhase::awake, pool::TagPhase::falling_asleep);
   if (!found) return std::move(found).error();
   pool::Tag& tag = **found;
+  const auto failure = [&](const Error& error, const std::string& outcome) {
+    return Error(error.code(), "expandable pool: sleep(" + pool::quoted_tag(name) + "): " + error.message() + outcome);
+  };
   std::vector<pool::CopyRun> runs;
   {
     std::lock_guard lock(s.mutex);
@@ -888,19 +948,66 @@ Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
     tag.kept = keep;
     if (keep == SleepKeep::contents) runs = s.copy_runs(tag.sleeping, tag.sleeping);
   }
-  Status saved = s.save_contents(tag, keep, runs);
-  std::lock_guard lock(s.mutex);
-  if (!saved) {
+  if (Status ready = s.prepare_host(tag, keep); !ready) {
+    std::lock_guard lock(s.mutex);
     tag.sleeping.clear();
     s.end_change(tag, pool::TagPhase::awake);
-    return Error(saved.error().code(), "expandable pool: sleep(" + pool::quoted_tag(name) +
-                                           "): " + saved.error().message() +
-                                           " (the tag stays awake)");
+    return failure(ready.error(), " (the tag stays awake)");
   }
-  Status released = s.release_tag(tag);
+  {
+    std::lock_guard lock(s.mutex);
+    tag.bytes_asleep = 0;
+    s.release_free_of(tag);
+  }
+  // Chunk by chunk: a chunk is copied while the one before is unmapped.
+  const std::vector<GranuleId>& ids = tag.sleeping;
+  const std::size_t chunk = keep == SleepKeep::contents ? s.chunk_granules() : std::max<std::size_t>(1, ids.size());
+  const std::vector<std::vector<pool::CopyRun>> copies = pool::chunk_runs(runs, chunk, s.granule);
+  auto* host = static_cast<char*>(tag.host.ptr);
+  std::optional<Error> refused;  // an unmap the device refused: that granule stays mapped
+  pool::PipelineEnd end = pool::pipeline(
+      (ids.size() + chunk - 1) / chunk,
+      [&](std::size_t i) -> Status {  // a helper thread copies chunk i
+        if (i >= copies.size()) return {};
+        for (const pool::CopyRun& run : copies[i]) {
+          Status copied = s.device->copy_to_host(host + run.host_offset * s.granule, run.device, run.granules * s.granule);
+          if (!copied) return copied;
+        }
+        return {};
+      },
+      [&](std::size_t i) {  // while this thread unmaps chunk i
+        std::lock_guard lock(s.mutex);
+        s.release_used(tag, std::span(ids).subspan(i * chunk, std::min(chunk, ids.size() - i * chunk)), refused);
+      });
+  if (!end.status) {
+    // A copy failed: what was unmapped is mapped back from the host copy.
+    std::vector<GranuleId> released;
+    {
+      std::lock_guard lock(s.mutex);
+      for (GranuleId id : ids) {
+        if (!s.granules.is_mapped(id)) released.push_back(id);
+      }
+    }
+    std::optional<Error> copy_failed;
+    Status back = s.map_back(tag, released, true, copy_failed);
+    std::lock_guard lock(s.mutex);
+    if (back && !copy_failed) {
+      tag.sleeping.clear();
+      tag.bytes_asleep = 0;
+      s.end_change(tag, pool::TagPhase::awake);
+      return failure(end.status.error(), " (the tag stays awake)");
+    }
+    ++tag.sleeps;
+    s.end_change(tag, pool::TagPhase::asleep);
+    return failure(end.status.error(), "; mapping back what it had unmapped failed too (" +
+                                           (back ? copy_failed->message() : back.error().message()) +
+                                           "): the tag is asleep, wake it to retry");
+  }
+  std::lock_guard lock(s.mutex);
   ++tag.sleeps;
   s.end_change(tag, pool::TagPhase::asleep);
-  return released;
+  if (refused) return *refused;
+  return {};
 }
 
 Status ExpandablePool::wake(std::string_view name) {
@@ -919,38 +1026,21 @@ Status ExpandablePool::wake(std::string_view name) {
       return room;
     }
   }
-  Expected<std::vector<PhysicalHandle>> handles = std::vector<PhysicalHandle>{};
-  if (!needed.empty()) handles = s.device->create_many(s.granule, needed.size());
-  std::vector<pool::CopyRun> runs;
-  {
-    std::lock_guard lock(s.mutex);
-    if (!handles) {
-      if (handles.error().code() == Errc::out_of_memory) ++s.usage.num_ooms;
-      s.end_change(tag, pool::TagPhase::asleep);
-      return Error(handles.error().code(), "expandable pool: wake(" + pool::quoted_tag(name) + ") of " +
-                                               format_bytes(needed.size() * s.granule) + ": " +
-                                               handles.error().message() + " (the tag stays asleep)");
-    }
-    for (std::size_t i = 0; i < handles->size(); ++i) s.usage.reserved(s.granule);
-    Status room = s.make_room(tag, needed.size());  // again: others allocated meanwhile
-    if (!room) {
-      for (PhysicalHandle handle : *handles) s.release_handle(handle);
-      s.end_change(tag, pool::TagPhase::asleep);
-      return room;
-    }
-    if (Status mapped = s.map_woken(needed, *handles); !mapped) {
-      s.end_change(tag, pool::TagPhase::asleep);
-      return mapped;
-    }
-    if (tag.kept == SleepKeep::contents) runs = s.copy_runs(needed, tag.sleeping);
-  }
-  Status restored = s.restore_contents(tag, runs);
+  std::optional<Error> copy_failed;
+  Status mapped = s.map_back(tag, needed, tag.kept == SleepKeep::contents, copy_failed);
   std::lock_guard lock(s.mutex);
+  if (!mapped) {
+    s.end_change(tag, pool::TagPhase::asleep);
+    if (mapped.error().code() == Errc::out_of_memory && mapped.error().oom() != nullptr) return mapped;
+    return Error(mapped.error().code(), "expandable pool: wake(" + pool::quoted_tag(name) + ") " +
+                                            mapped.error().message() + " (the tag stays asleep)");
+  }
   tag.sleeping.clear();
   tag.bytes_asleep = 0;
   ++tag.wakes;
   s.end_change(tag, pool::TagPhase::awake);
-  return restored;
+  if (copy_failed) return *copy_failed;
+  return {};
 }
 
 std::vector<TagStats> ExpandablePool::tag_stats() const {

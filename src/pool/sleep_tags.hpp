@@ -1,20 +1,25 @@
 // The tags of an ExpandablePool (sleep.hpp). Each tag has arenas of its own
 // over address space of its own, so its blocks share no granule with another
 // tag's (or the untagged blocks') and its physical memory can go back to the
-// device alone. Also here: the calling thread's open tag scopes, and the
-// copy runs of a sleep or a wake.
+// device alone. Also here: the calling thread's open tag scopes, the copy
+// runs of a sleep or a wake, and the pipeline that overlaps their copies
+// with the unmapping (sleep) or mapping (wake) of the chunks around them.
 //
 // Not thread-safe: the owning pool serializes every call, except that a tag
 // whose phase is changing is touched only by the thread changing it.
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -189,6 +194,80 @@ std::vector<CopyRun> copy_runs(const std::vector<GranuleId>& ids, const std::vec
     runs.push_back({address, position, 1});
   }
   return runs;
+}
+
+/// `runs` (copy_runs of some ids, in their order) cut where the index into
+/// those ids crosses a multiple of `chunk`: element i holds the copies of
+/// ids [i * chunk, (i + 1) * chunk).
+inline std::vector<std::vector<CopyRun>> chunk_runs(const std::vector<CopyRun>& runs, std::size_t chunk,
+                                                    std::size_t granule) {
+  std::vector<std::vector<CopyRun>> chunks;
+  std::size_t index = 0;  // of the run's first granule among the ids
+  for (CopyRun run : runs) {
+    while (run.granules > 0) {
+      const std::size_t i = index / chunk;
+      const std::size_t take = std::min(run.granules, (i + 1) * chunk - index);
+      if (chunks.size() <= i) chunks.resize(i + 1);
+      chunks[i].push_back({run.device, run.host_offset, take});
+      run.device = static_cast<char*>(run.device) + take * granule;
+      run.host_offset += take;
+      run.granules -= take;
+      index += take;
+    }
+  }
+  return chunks;
+}
+
+/// How a pipeline ended: the chunks `first` completed (`second` ran on
+/// each), and first's error if it stopped early.
+struct PipelineEnd {
+  std::size_t done = 0;
+  Status status;
+};
+
+/// Overlaps two stages over chunks 0..count-1: first(i), in order, on a
+/// helper thread; second(i) on the calling thread as soon as first(i) is
+/// done (a sleep copies a chunk while the one before is unmapped; a wake
+/// maps a chunk while the one before is copied). Stops at first's first
+/// error; second reports its own failures through its captures. One chunk
+/// runs without a thread.
+inline PipelineEnd pipeline(std::size_t count, const std::function<Status(std::size_t)>& first,
+                            const std::function<void(std::size_t)>& second) {
+  if (count <= 1) {
+    if (count == 0) return {};
+    if (Status status = first(0); !status) return {0, std::move(status)};
+    second(0);
+    return {1, {}};
+  }
+  std::mutex mutex;
+  std::condition_variable progress;
+  std::size_t done = 0;
+  bool stopped = false;
+  Status failed;
+  std::thread helper([&] {
+    for (std::size_t i = 0; i < count; ++i) {
+      Status status = first(i);
+      std::lock_guard lock(mutex);
+      if (!status) {
+        failed = std::move(status);
+        stopped = true;
+      } else {
+        done = i + 1;
+      }
+      progress.notify_one();
+      if (stopped) return;
+    }
+  });
+  for (std::size_t i = 0; i < count; ++i) {
+    {
+      std::unique_lock lock(mutex);
+      progress.wait(lock, [&] { return done > i || stopped; });
+      if (done <= i) break;
+    }
+    second(i);
+  }
+  helper.join();
+  return {done, std::move(failed)};
 }
 
 }  // namespace tidepool::pool

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -299,6 +300,104 @@ TEST(Sleep, TrimFreesTheHostCopyKeptAfterAWake) {
   ASSERT_TRUE(pool->sleep("w", SleepKeep::contents));  // a fresh copy
   ASSERT_TRUE(pool->wake("w"));
   expect_intact(blocks, "after trim and another round");
+}
+
+// Fails the Nth copy to the host or map, or every create() once
+// `creates_left` reaches 0 (each counts down), as a device whose context
+// broke or whose memory ran out in the middle of a sleep or a wake.
+class FailingDevice final : public DeviceAdaptor {
+ public:
+  using DeviceAdaptor::DeviceAdaptor;
+  Status copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) override {
+    if (copies_left >= 0 && copies_left-- == 0) return Error(Errc::device_error, "copy refused for the test");
+    return DeviceAdaptor::copy_to_host(host_dst, device_src, bytes);
+  }
+  Expected<PhysicalHandle> create(std::size_t bytes) override {
+    if (creates_left >= 0 && creates_left-- == 0) {
+      creates_left = 0;  // and every one after
+      return Error(Errc::out_of_memory, "create refused for the test");
+    }
+    return DeviceAdaptor::create(bytes);
+  }
+  Status map_many(void* va, std::size_t bytes_each, std::span<const PhysicalHandle> handles) override {
+    if (maps_left >= 0 && maps_left-- == 0) return Error(Errc::device_error, "map refused for the test");
+    return DeviceAdaptor::map_many(va, bytes_each, handles);
+  }
+  std::atomic<int> copies_left{-1};   // -1: never fail
+  std::atomic<int> maps_left{-1};
+  std::atomic<int> creates_left{-1};
+};
+
+std::vector<Block> allocate_large(ExpandablePool& pool, const std::string& tag, std::size_t count) {
+  auto scope = pool.tag(tag).value();
+  std::vector<Block> blocks;
+  for (std::size_t i = 0; i < count; ++i) {
+    blocks.push_back({static_cast<unsigned char*>(must_allocate(pool, 4 * MiB)), 4 * MiB, static_cast<unsigned>(i)});
+    fill(blocks.back());
+  }
+  return blocks;
+}
+
+// 300 MiB: a sleep and a wake of several chunks, each copied while the one
+// before is unmapped (sleep) or the next one mapped (wake).
+TEST(Sleep, ALargeTagSleepsAndWakesChunkByChunk) {
+  auto device = host_device(1 * GiB);
+  auto pool = make_expandable(device);
+  auto model = allocate_large(*pool, "model", 75);
+  const std::size_t free_awake = device->mem_info().free_bytes;
+  ASSERT_TRUE(pool->sleep("model", SleepKeep::contents));
+  EXPECT_EQ(stats_of(*pool, "model").bytes_asleep, 300 * MiB);
+  EXPECT_GE(device->mem_info().free_bytes, free_awake + 300 * MiB);
+  ASSERT_TRUE(pool->wake("model"));
+  expect_intact(model, "a tag of many chunks");
+  EXPECT_EQ(device->mem_info().free_bytes, free_awake);
+}
+
+TEST(Sleep, ACopyFailingMidwayLeavesTheTagAwakeAndIntact) {
+  auto failing = std::make_shared<FailingDevice>(host_device(1 * GiB));
+  auto pool = make_expandable(failing);
+  auto model = allocate_large(*pool, "model", 75);
+  const std::int64_t mapped = pool->stats().bytes_mapped;
+  failing->copies_left = 2;  // chunks 0 and 1 are copied, and unmapped meanwhile
+  Status refused = pool->sleep("model", SleepKeep::contents);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("copy refused for the test"), std::string::npos) << refused.error().message();
+  EXPECT_NE(refused.error().message().find("(the tag stays awake)"), std::string::npos) << refused.error().message();
+  EXPECT_FALSE(stats_of(*pool, "model").asleep);
+  EXPECT_EQ(pool->stats().bytes_mapped, mapped);
+  expect_intact(model, "after a sleep that failed midway");
+  failing->copies_left = -1;
+  ASSERT_TRUE(pool->sleep("model", SleepKeep::contents));
+  ASSERT_TRUE(pool->wake("model"));
+  expect_intact(model, "a sleep and wake after the failed one");
+}
+
+TEST(Sleep, AWakeFailingMidwayLeavesTheTagAsleepAndMapsNothing) {
+  auto failing = std::make_shared<FailingDevice>(host_device(1 * GiB));
+  auto pool = make_expandable(failing);
+  auto model = allocate_large(*pool, "model", 75);
+  ASSERT_TRUE(pool->sleep("model", SleepKeep::contents));
+  const std::int64_t mapped_asleep = pool->stats().bytes_mapped;
+  const std::size_t free_asleep = failing->mem_info().free_bytes;
+  failing->creates_left = 100;  // the wake takes its 150 granules in one request: none of them is kept
+  Status refused = pool->wake("model");
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), Errc::out_of_memory);
+  EXPECT_NE(refused.error().message().find("(the tag stays asleep)"), std::string::npos) << refused.error().message();
+  EXPECT_TRUE(stats_of(*pool, "model").asleep);
+  EXPECT_EQ(pool->stats().bytes_mapped, mapped_asleep);
+  EXPECT_EQ(failing->mem_info().free_bytes, free_asleep);
+  failing->creates_left = -1;
+  failing->maps_left = 2;  // chunks 0 and 1 are mapped (and copied meanwhile), chunk 2 is refused
+  refused = pool->wake("model");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("map refused for the test"), std::string::npos) << refused.error().message();
+  EXPECT_TRUE(stats_of(*pool, "model").asleep);
+  EXPECT_EQ(pool->stats().bytes_mapped, mapped_asleep);
+  EXPECT_EQ(failing->mem_info().free_bytes, free_asleep);  // every handle went back
+  failing->maps_left = -1;
+  ASSERT_TRUE(pool->wake("model"));
+  expect_intact(model, "a wake after a failed one");
 }
 
 TEST(SleepDeathTest, AnAccessWhileAsleepFaults) {
