@@ -132,10 +132,6 @@ inline bool all_bytes_are(const std::vector<std::uint8_t>& bytes, std::size_t fi
 
 class GranuleTable {
  public:
-  /// Ranges longer than this are counted in the tree of mapped counts, not
-  /// word by word.
-  static constexpr GranuleId kLongRange = 4096;
-
   /// Appends `count` unmapped granules; returns the id of the first.
   GranuleId grow(std::size_t count) {
     const auto first = static_cast<GranuleId>(uses_.size());
@@ -146,12 +142,6 @@ class GranuleTable {
     queued_.resize(size, 0);
     mapped_bits_.resize(size);
     free_bits_.resize(size);
-    // The counts cover the granules by index: rebuilt for the new size (rare:
-    // once per reservation of address space).
-    mapped_counts_.assign(size + 1, 0);
-    for (std::size_t id = 0; id < size; ++id) {
-      if (mapped_bits_.test(id)) count_mapped(id, 1);
-    }
     return first;
   }
 
@@ -172,9 +162,7 @@ class GranuleTable {
   /// How many granules of [first, last] have no physical memory mapped.
   std::size_t unmapped_in(GranuleId first, GranuleId last) const noexcept {
     if (first == last) return mapped_bits_.test(first) ? 0 : 1;
-    const std::size_t mapped = last - first < kLongRange ? mapped_bits_.count(first, last)
-                                                          : mapped_before(last + 1) - mapped_before(first);
-    return last - first + 1 - mapped;
+    return last - first + 1 - mapped_bits_.count(first, last);
   }
 
   /// One more live block overlaps every granule of [first, last]. Returns how
@@ -203,7 +191,6 @@ class GranuleTable {
   void set_mapped(GranuleId id, PhysicalHandle handle) noexcept {
     handle_[id] = handle;
     mapped_bits_.set(id);
-    count_mapped(id, 1);
     ++mapped_;
   }
 
@@ -258,7 +245,6 @@ class GranuleTable {
   /// A queue entry for it goes stale, to be skipped.
   PhysicalHandle take_free(GranuleId id) noexcept {
     mapped_bits_.clear(id);
-    count_mapped(id, -1);
     freed_on_[id] = kSettled;
     free_bits_.clear(id);
     --free_count_;
@@ -272,7 +258,6 @@ class GranuleTable {
   /// set_mapped().
   PhysicalHandle take_used(GranuleId id) noexcept {
     mapped_bits_.clear(id);
-    count_mapped(id, -1);
     --mapped_;
     return handle_[id];
   }
@@ -315,19 +300,6 @@ class GranuleTable {
     streams_.push_back(stream);
     return static_cast<std::uint8_t>(streams_.size() - 1 + kFirstStream);
   }
-  /// The mapped counts are a Fenwick tree over the mapped bits: a change and
-  /// a prefix sum each cost log2(granules) steps. Long ranges are counted here.
-  void count_mapped(std::size_t id, int change) noexcept {
-    for (std::size_t i = id + 1; i < mapped_counts_.size(); i += i & (~i + 1)) {
-      mapped_counts_[i] += static_cast<std::uint32_t>(change);
-    }
-  }
-  /// Mapped granules with an index below `end`.
-  std::size_t mapped_before(std::size_t end) const noexcept {
-    std::size_t sum = 0;
-    for (std::size_t i = end; i > 0; i &= i - 1) sum += mapped_counts_[i];
-    return sum;
-  }
   void enqueue(GranuleId id) {
     queued_[id] = 1;
     queue_.push_back(id);
@@ -340,7 +312,6 @@ class GranuleTable {
   std::vector<std::uint8_t> queued_;        // in queue_ (perhaps stale: used again since)
   GranuleBits mapped_bits_;                 // a handle is mapped there
   GranuleBits free_bits_;                   // mapped granules no block overlaps
-  std::vector<std::uint32_t> mapped_counts_;  // Fenwick tree of mapped_bits_ (count_mapped)
   std::vector<Stream> streams_;             // the stream of each tag slot
   Stream last_stream_ = kNoStream;          // slot_of()'s last answer
   std::uint8_t last_slot_ = kMany;
