@@ -74,9 +74,12 @@ int null_argument(const char* function, const char* argument) {
               std::string(function) + ": " + argument + " is NULL");
 }
 
-int create_from(const tidepool::Expected<tidepool::Config>& config, tidepool_allocator** out) {
+/// `keys`: the config came from a config string, whose keys the OOM advice
+/// names; else from the environment, whose variables it names.
+int create_from(const tidepool::Expected<tidepool::Config>& config, bool keys, tidepool_allocator** out) {
   if (!config) return fail(config.error());
-  auto stack = tidepool::bindings::make_stack(*config);
+  auto stack = tidepool::bindings::make_stack(*config, keys ? tidepool::bindings::key_words(*config)
+                                                             : config->oom_words());
   if (!stack) return fail(stack.error());
   std::string name(stack->allocator->name());
   *out = new tidepool_allocator{std::move(*stack), std::move(name)};
@@ -102,7 +105,7 @@ int with_tags(const char* function, const tidepool_allocator* allocator, const c
     auto tags = tags_of(function, allocator);
     if (!tags) return fail(tags.error());
     tidepool::Status status = body(**tags);
-    if (!status) return fail(status.error());
+    if (!status) return fail(status.error().worded(allocator->stack.words));
     return TIDEPOOL_OK;
   });
 }
@@ -131,14 +134,14 @@ int tidepool_create(const char* config, tidepool_allocator** out) {
     if (out == nullptr) return null_argument("tidepool_create", "out");
     auto settings = tidepool::bindings::parse_config_string(config ? config : "");
     if (!settings) return fail(settings.error());
-    return create_from(tidepool::bindings::config_from_settings(*settings), out);
+    return create_from(tidepool::bindings::config_from_settings(*settings), true, out);
   });
 }
 
 int tidepool_create_from_env(tidepool_allocator** out) {
   return guarded("tidepool_create_from_env", [&]() -> int {
     if (out == nullptr) return null_argument("tidepool_create_from_env", "out");
-    return create_from(tidepool::Config::from_env(), out);
+    return create_from(tidepool::Config::from_env(), false, out);
   });
 }
 
@@ -155,7 +158,7 @@ int tidepool_allocate(tidepool_allocator* allocator, size_t bytes, tidepool_stre
     if (allocator == nullptr) return null_argument("tidepool_allocate", "allocator");
     if (out == nullptr) return null_argument("tidepool_allocate", "out");
     auto block = allocator->stack.allocator->allocate(bytes, stream);
-    if (!block) return fail(block.error());
+    if (!block) return fail(block.error().worded(allocator->stack.words));
     *out = *block;
     return TIDEPOOL_OK;
   });

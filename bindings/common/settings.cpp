@@ -106,7 +106,15 @@ Expected<Config> config_from_settings(const Settings& settings) {
   return config;
 }
 
-Expected<Stack> make_stack(const Config& config) {
+OomWords key_words(const Config& config) {
+  return config.oom_words([](std::string_view variable) {
+    for (const auto& [key, name] : setting_keys())
+      if (name == variable) return std::string(key);
+    return std::string(variable);
+  });
+}
+
+Expected<Stack> make_stack(const Config& config, OomWords words) {
   auto device = make_device(config);
   if (!device) return std::move(device).error();
   auto allocator = make_allocator(config, *device);
@@ -114,6 +122,7 @@ Expected<Stack> make_stack(const Config& config) {
   Stack stack;
   stack.device = std::move(*device);
   stack.allocator = std::move(*allocator);
+  stack.words = std::move(words);
   return stack;
 }
 

@@ -32,11 +32,16 @@ Expected<Settings> parse_config_string(std::string_view text);
 /// with each variable's name replaced by its key ("mode='x' is invalid: ...").
 Expected<Config> config_from_settings(const Settings& settings);
 
+/// The names an out-of-memory error's advice gives the settings of a
+/// config_from_settings() configuration: its keys ("raise mem_fraction").
+OomWords key_words(const Config& config);
+
 /// An allocator and the device it takes memory from, built from a Config by
 /// make_device and make_allocator. Destroys the pool before the device.
 struct Stack {
   std::shared_ptr<Device> device;
   std::unique_ptr<Allocator> allocator;
+  OomWords words;  // the caller's names, for Error::worded
 
   Stack() = default;
   Stack(Stack&&) = default;
@@ -44,7 +49,8 @@ struct Stack {
   ~Stack() { allocator.reset(); }
 };
 
-/// make_device then make_allocator.
-Expected<Stack> make_stack(const Config& config);
+/// make_device then make_allocator; `words` are the caller's names for the
+/// settings (key_words() or Config::oom_words()).
+Expected<Stack> make_stack(const Config& config, OomWords words);
 
 }  // namespace tidepool::bindings

@@ -765,6 +765,10 @@ class Interposer {
                         std::shared_ptr<DriverDevice> driver) {
     auto config = Config::from_env();  // read once already by register_device: valid
     if (!config) return;
+    // An OOM names what the user can change: the fraction they set, else the
+    // quota (the pool has all of it), else nothing (it has the whole device).
+    pool_words_ = config->oom_words();
+    if (config->mem_fraction.is_default()) pool_words_.limit = config->quota.value ? "--quota" : "";
     // The pool may take the whole device (or quota) unless a fraction is set:
     // the program under it asked for no preallocation of its own.
     if (config->mem_fraction.is_default()) config->mem_fraction = Setting<double>(1.0, "tidepool run --pool", "1");
@@ -835,7 +839,7 @@ class Interposer {
     std::lock_guard lock(mutex_);
     if (refusals_++ == 0)
       std::fprintf(stderr, "tidepool: an allocation of %s was refused: %s (further refusals are not printed)\n",
-                   format_bytes(bytes).c_str(), error.message().c_str());
+                   format_bytes(bytes).c_str(), error.worded(pool_words_).message().c_str());
   }
 
   void shut_down() {
@@ -879,6 +883,7 @@ class Interposer {
   std::map<CUdeviceptr, Allocation> addresses_;
   std::map<CUmemGenericAllocationHandle, Allocation> handles_;
   std::size_t refusals_ = 0;
+  OomWords pool_words_;  // --pool: the names an OOM's advice uses (make_pool_locked)
   std::size_t free_problems_ = 0;
   TraceFile* trace_ = nullptr;  // --record: null when not recording
   std::optional<Mode> pool_mode_;              // --pool: the mode cuMemAlloc_v2 is served by

@@ -191,12 +191,15 @@ class PyAllocator {
       settings.emplace_back(name, setting_text(name, value));
     }
     py::gil_scoped_release unlocked;  // preallocation and the ledger's lock can take a while
-    return build(bindings::config_from_settings(settings));
+    return build(bindings::config_from_settings(settings), true);
   }
-  static std::unique_ptr<PyAllocator> from_env() { return build(Config::from_env()); }
+  static std::unique_ptr<PyAllocator> from_env() { return build(Config::from_env(), false); }
 
   std::uintptr_t allocate(std::size_t bytes, Stream stream) {
-    return reinterpret_cast<std::uintptr_t>(take(open().pool.allocate(bytes, stream)));
+    const Open held = open();  // stack_.words too, until it returns
+    Expected<void*> block = held.pool.allocate(bytes, stream);
+    if (!block) raise(block.error().worded(stack_.words));
+    return reinterpret_cast<std::uintptr_t>(*block);
   }
   void free(std::uintptr_t address, Stream stream) {
     check(open().pool.deallocate(reinterpret_cast<void*>(address), stream));
@@ -209,7 +212,11 @@ class PyAllocator {
     const SleepKeep kept = take(parse_sleep_keep(keep));
     check(tags_of(open()).sleep(name, kept));
   }
-  void wake(const std::string& name) { check(tags_of(open()).wake(name)); }
+  void wake(const std::string& name) {
+    const Open held = open();
+    Status woken = tags_of(held).wake(name);
+    if (!woken) raise(woken.error().worded(stack_.words));
+  }
   std::vector<TagStats> tag_stats() const { return tags_of(open()).tag_stats(); }
   std::string dump() const { return open().pool.dump(); }
   std::string name() const { return std::string(open().pool.name()); }
@@ -253,8 +260,11 @@ class PyAllocator {
   }
 
  private:
-  static std::unique_ptr<PyAllocator> build(Expected<Config> config) {
-    return std::make_unique<PyAllocator>(take(bindings::make_stack(take(std::move(config)))));
+  /// `keys`: the OOM advice names the keyword arguments, else the variables.
+  static std::unique_ptr<PyAllocator> build(Expected<Config> config, bool keys) {
+    const Config made = take(std::move(config));
+    return std::make_unique<PyAllocator>(
+        take(bindings::make_stack(made, keys ? bindings::key_words(made) : made.oom_words())));
   }
   /// The pool, held open for one call: the hold lasts to the end of the
   /// caller's full expression, so close() cannot destroy the stack under it.

@@ -61,9 +61,18 @@ Expected<tidepool::Allocator*> allocator_for(int device) {
   return g_stacks->emplace(device, std::move(stack)).first->second.allocator.get();
 }
 
+/// The environment's names for the settings an OOM's advice is about.
+const tidepool::OomWords& env_words() {
+  static const tidepool::OomWords words = [] {
+    auto config = tidepool::Config::from_env();
+    return config ? config->oom_words() : tidepool::OomWords{};
+  }();
+  return words;
+}
+
 void record(const Error& error, const char* function) {
-  t_last_error = error.message();
-  std::fprintf(stderr, "tidepool: %s: %s\n", function, error.message().c_str());
+  t_last_error = error.worded(env_words()).message();
+  std::fprintf(stderr, "tidepool: %s: %s\n", function, t_last_error.c_str());
 }
 
 /// Runs `body(tags)` on device `device`'s pool. Returns 0, or tidepool.h's
@@ -90,7 +99,7 @@ int with_tags(const char* function, int device, const char* tag, bool tag_argume
     }
     tidepool::Status status = body(*tags);
     if (status) return TIDEPOOL_OK;
-    t_last_error = status.error().message();
+    t_last_error = status.error().worded(env_words()).message();
     return static_cast<int>(status.error().code()) + 1;  // tidepool_status_name's mapping
   } catch (const std::exception& error) {
     t_last_error = std::string(function) + ": " + error.what();

@@ -142,6 +142,12 @@ struct Config {
   /// The pool's bytes_limit on a device of `device_total` bytes: mem_fraction
   /// x total, truncated as XLA does. Bounds growth mode too, as in JAX.
   std::size_t bytes_limit(std::size_t device_total) const noexcept;
+
+  /// The names an out-of-memory error's advice gives these settings
+  /// (Error::worded): the variable (or key) that set each one, else
+  /// `spell`'s name for tidepool's variable (a binding spells its keys).
+  OomWords oom_words(const std::function<std::string(std::string_view variable)>& spell =
+                         [](std::string_view variable) { return std::string(variable); }) const;
 };
 
 /// The device of the configuration with its decorators: a HostDevice of

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -28,6 +29,29 @@ enum class Errc {
 /// Name of an error code, e.g. "out_of_memory".
 const char* errc_name(Errc code) noexcept;
 
+/// What an out-of-memory error advises changing, as a code: the pool knows
+/// which setting would help, the layer that knows the caller's names for the
+/// settings (an environment variable, a config-string key) words it.
+enum class OomAdvice : std::uint8_t {
+  none,
+  raise_limit,          // the request is larger than the limit
+  free_or_raise_limit,  // the limit is taken
+  lower_limit,          // preallocating the limit failed
+  use_expandable,       // free memory is split into blocks too small
+};
+
+/// The caller's names for the settings an OOM's advice is about. The
+/// defaults are the C++ API's (the options a pool is created with).
+struct OomWords {
+  std::string limit = "bytes_limit";                        // empty: no advice about the limit
+  std::string grow_on_demand = "BestFitOptions::preallocate = false";
+  std::string expandable = "ExpandablePool";
+};
+
+/// `advice` in `words`, e.g. "raise TIDEPOOL_MEM_FRACTION"; empty for none
+/// (or a limit with no name).
+std::string oom_advice(OomAdvice advice, const OomWords& words);
+
 /// What an out-of-memory error knows about the state that refused it.
 struct OomReport {
   std::size_t requested_bytes = 0;
@@ -35,14 +59,22 @@ struct OomReport {
   std::size_t bytes_reserved = 0;      // bytes the pool holds from the device
   std::size_t device_free_bytes = 0;   // what the device says is free
   std::size_t largest_free_block_bytes = 0;  // largest block the pool could hand out
-  std::string hint;                    // what to try next; may be empty
+  std::string hint;                    // the facts behind it; may be empty
+  OomAdvice advice = OomAdvice::none;  // what to change (worded by Error::worded)
+
+  /// The hint with its advice in `words`, as the message shows it.
+  std::string worded_hint(const OomWords& words) const;
 };
 
 class Error {
  public:
   Error(Errc code, std::string message) : code_(code), message_(std::move(message)) {}
-  /// An out-of-memory error; the message is composed from the report.
-  static Error out_of_memory(std::string_view who, OomReport report);
+  /// An out-of-memory error; the message is composed from the report, its
+  /// advice in `words`.
+  static Error out_of_memory(std::string_view who, OomReport report, const OomWords& words = {});
+  /// This error with an OOM report's advice worded in `words`: what an API
+  /// edge returns, in its caller's names. Other errors come back unchanged.
+  Error worded(const OomWords& words) const;
 
   Errc code() const noexcept { return code_; }
   const std::string& message() const noexcept { return message_; }
@@ -53,6 +85,7 @@ class Error {
   Errc code_;
   std::string message_;
   std::optional<OomReport> oom_;
+  std::string oom_who_;  // out_of_memory's `who`, for worded()
 };
 
 /// An `Error` thrown at an API edge.

@@ -618,6 +618,15 @@ std::string Quota::to_string() const {
   return buffer;
 }
 
+OomWords Config::oom_words(const std::function<std::string(std::string_view)>& spell) const {
+  OomWords words;
+  words.limit = mem_fraction.is_default() ? spell("TIDEPOOL_MEM_FRACTION") : mem_fraction.source;
+  words.grow_on_demand = (preallocate.is_default() ? spell("TIDEPOOL_PREALLOCATE") : preallocate.source) + "=false";
+  // XLA_PYTHON_CLIENT_ALLOCATOR has no expandable value: tidepool's own name.
+  words.expandable = spell("TIDEPOOL_ALLOCATOR") + "=expandable";
+  return words;
+}
+
 std::size_t Config::bytes_limit(std::size_t device_total) const noexcept {
   return static_cast<std::size_t>(static_cast<long double>(device_total) *
                                   static_cast<long double>(mem_fraction.value));

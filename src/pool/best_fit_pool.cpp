@@ -96,20 +96,20 @@ Error BestFitPool::State::out_of_memory(std::size_t requested, std::size_t round
   const std::size_t pool_free = arena.free_bytes();
   const std::size_t growth_room = bytes_limit - arena.region_bytes();
   if (rounded > bytes_limit) {
-    report.hint = "the request is larger than the pool's limit of " + format_bytes(bytes_limit) +
-                  " (bytes_limit); raise TIDEPOOL_MEM_FRACTION (XLA_CLIENT_MEM_FRACTION)";
+    report.hint = "the request is larger than the pool's limit of " + format_bytes(bytes_limit);
+    report.advice = OomAdvice::raise_limit;
   } else if (pool_free >= rounded) {
     report.hint = format_bytes(pool_free) + " is free in the pool but split into blocks no larger than " +
-                  format_bytes(report.largest_free_block_bytes) +
-                  "; TIDEPOOL_ALLOCATOR=expandable maps free memory into one contiguous range";
+                  format_bytes(report.largest_free_block_bytes);
+    report.advice = OomAdvice::use_expandable;
   } else if (pool_free + growth_room >= rounded) {
     report.hint = "the pool may grow by " + format_bytes(growth_room) + " but the device has only " +
                   format_bytes(report.device_free_bytes) +
                   " free: another process or allocator holds the rest of it";
   } else {
     report.hint = "the pool is at its limit of " + format_bytes(bytes_limit) + " with " +
-                  format_bytes(report.bytes_in_use) +
-                  " in use; free memory, or raise TIDEPOOL_MEM_FRACTION (XLA_CLIENT_MEM_FRACTION)";
+                  format_bytes(report.bytes_in_use) + " in use";
+    report.advice = OomAdvice::free_or_raise_limit;
   }
   return Error::out_of_memory(preallocate ? "preallocate pool" : "growth pool", std::move(report));
 }
@@ -131,8 +131,8 @@ Expected<std::unique_ptr<BestFitPool>> BestFitPool::create(std::shared_ptr<Devic
       OomReport report;
       report.requested_bytes = limit;
       report.device_free_bytes = state->device->mem_info().free_bytes;
-      report.hint = "preallocation takes bytes_limit at once; lower TIDEPOOL_MEM_FRACTION "
-                    "(XLA_CLIENT_MEM_FRACTION) or set TIDEPOOL_PREALLOCATE=false";
+      report.hint = "preallocation takes the pool's limit of " + format_bytes(limit) + " at once";
+      report.advice = OomAdvice::lower_limit;
       return Error::out_of_memory("preallocate pool: preallocating", std::move(report));
     }
     Status added = state->arena.add_region(*region, limit);

@@ -452,8 +452,8 @@ Error ExpandablePool::State::out_of_memory(std::size_t requested, std::size_t ro
   OomReport report = oom_report(requested);
   const std::size_t room = bytes_limit - mapped_bytes();
   if (rounded > bytes_limit) {
-    report.hint = "the request is larger than the pool's limit of " + format_bytes(bytes_limit) +
-                  " (bytes_limit); raise TIDEPOOL_MEM_FRACTION (XLA_CLIENT_MEM_FRACTION)";
+    report.hint = "the request is larger than the pool's limit of " + format_bytes(bytes_limit);
+    report.advice = OomAdvice::raise_limit;
   } else if (missing_granules * granule <= free_granule_bytes() + room) {
     report.hint = "the pool may map " + format_bytes(room) + " more but the device has only " +
                   format_bytes(report.device_free_bytes) +
@@ -461,8 +461,8 @@ Error ExpandablePool::State::out_of_memory(std::size_t requested, std::size_t ro
   } else {
     report.hint = "the pool is at its limit of " + format_bytes(bytes_limit) + " with " +
                   format_bytes(report.bytes_in_use) + " in use and " + format_bytes(free_granule_bytes()) +
-                  " in free granules (all of it usable by stitching); free memory, or raise "
-                  "TIDEPOOL_MEM_FRACTION (XLA_CLIENT_MEM_FRACTION)";
+                  " in free granules (all of it usable by stitching)";
+    report.advice = OomAdvice::free_or_raise_limit;
   }
   return Error::out_of_memory("expandable pool", std::move(report));
 }
@@ -885,7 +885,8 @@ Status ExpandablePool::State::make_room(const pool::Tag& tag, std::size_t count)
   OomReport report = oom_report(wanted);
   report.hint = "the pool's limit is " + format_bytes(bytes_limit) + " and its other blocks took " +
                 format_bytes(mapped_bytes()) + " while tag " + pool::quoted_tag(tag.name) +
-                " slept; free them, sleep another tag, or raise TIDEPOOL_MEM_FRACTION (the tag stays asleep)";
+                " slept, which stays asleep; sleep another tag";
+  report.advice = OomAdvice::free_or_raise_limit;
   return Error::out_of_memory("expandable pool: wake(" + pool::quoted_tag(tag.name) + ")", std::move(report));
 }
 

@@ -40,7 +40,7 @@ Expected<void*> PassthroughPool::allocate(std::size_t bytes, Stream stream) {
   std::lock_guard lock(s.mutex);
   const std::size_t rounded = bytes > s.bytes_limit ? bytes : round_up(bytes, kStatsGranule);
   const auto in_use = static_cast<std::size_t>(s.usage.bytes_in_use);
-  auto out_of_memory = [&](std::string hint) {
+  auto out_of_memory = [&](std::string hint, OomAdvice advice) {
     ++s.usage.num_ooms;
     OomReport report;
     report.requested_bytes = bytes;
@@ -49,19 +49,21 @@ Expected<void*> PassthroughPool::allocate(std::size_t bytes, Stream stream) {
     report.device_free_bytes = device_->mem_info().free_bytes;
     report.largest_free_block_bytes = 0;  // nothing is cached
     report.hint = std::move(hint);
+    report.advice = advice;
     return Error::out_of_memory("platform allocator", std::move(report));
   };
   if (rounded > s.bytes_limit || in_use + rounded > s.bytes_limit) {
-    return out_of_memory("the allocator's limit is " + format_bytes(s.bytes_limit) + " (bytes_limit) with " +
-                         format_bytes(in_use) +
-                         " in use; free memory, or make it with a larger limit (the memory fraction "
-                         "does not apply to platform)");
+    // The limit is the device's (or the one it was made with): the memory
+    // fraction, which the advice would name, does not apply to platform.
+    return out_of_memory("the allocator's limit is " + format_bytes(s.bytes_limit) + " with " + format_bytes(in_use) +
+                             " in use; free memory (the memory fraction does not apply to platform)",
+                         OomAdvice::none);
   }
   Expected<void*> ptr = device_->allocate(bytes);
   if (!ptr) {
     if (ptr.error().code() != Errc::out_of_memory) return ptr;
     return out_of_memory("the device has only " + format_bytes(device_->mem_info().free_bytes) +
-                         " free: another process or allocator holds the rest of it");
+                         " free: another process or allocator holds the rest of it", OomAdvice::none);
   }
   s.live.add(*ptr, {bytes, stream});
   s.usage.reserved(rounded);

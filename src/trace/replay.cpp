@@ -331,8 +331,13 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
               oom.event_index = index;
               oom.block = event.block;
               oom.requested_bytes = event.bytes;
-              oom.message = allocated.error().message();
-              if (const OomReport* report = allocated.error().oom()) oom.report = *report;
+              // In the names of the configuration's variables (the CLI's).
+              const OomWords words = options.config.oom_words();
+              oom.message = allocated.error().worded(words).message();
+              if (const OomReport* report = allocated.error().oom()) {
+                oom.report = *report;
+                oom.report.hint = report->worded_hint(words);
+              }
               result.first_oom = std::move(oom);
             }
             if (flags.stop_at_first_oom) {

@@ -66,6 +66,23 @@ TEST(ConfigErrors, ALongValueIsCutInTheMessage) {
   }
 }
 
+// An OOM's advice names the variable the user set, else tidepool's own.
+TEST(ConfigOomWords, NameTheVariablesTheUserSet) {
+  const OomWords defaults = load_ok({}).oom_words();
+  EXPECT_EQ(defaults.limit, "TIDEPOOL_MEM_FRACTION");
+  EXPECT_EQ(defaults.grow_on_demand, "TIDEPOOL_PREALLOCATE=false");
+  EXPECT_EQ(defaults.expandable, "TIDEPOOL_ALLOCATOR=expandable");
+  const OomWords jax = load_ok({{"XLA_PYTHON_CLIENT_MEM_FRACTION", ".5"}, {"XLA_PYTHON_CLIENT_PREALLOCATE", "true"},
+                                {"XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"}})
+                           .oom_words();
+  EXPECT_EQ(jax.limit, "XLA_PYTHON_CLIENT_MEM_FRACTION");
+  EXPECT_EQ(jax.grow_on_demand, "XLA_PYTHON_CLIENT_PREALLOCATE=false");
+  EXPECT_EQ(jax.expandable, "TIDEPOOL_ALLOCATOR=expandable");  // XLA's variable has no such value
+  const OomWords spelled = load_ok({}).oom_words([](std::string_view) { return std::string("key"); });
+  EXPECT_EQ(spelled.limit, "key");
+  EXPECT_EQ(spelled.grow_on_demand, "key=false");
+}
+
 TEST(Mode, NamesRoundTrip) {
   ASSERT_EQ(all_modes().size(), 5u);
   for (Mode mode : all_modes()) {

@@ -66,7 +66,10 @@ TEST_P(BestFitBothModes, FragmentationOomHasTheSplitHint) {
   EXPECT_EQ(report->bytes_reserved, 1 * MiB);
   EXPECT_EQ(report->largest_free_block_bytes, 256 * KiB);
   EXPECT_NE(report->hint.find("split into blocks no larger than 256 KiB"), std::string::npos) << report->hint;
-  EXPECT_NE(report->hint.find("TIDEPOOL_ALLOCATOR=expandable"), std::string::npos) << report->hint;
+  EXPECT_EQ(report->advice, OomAdvice::use_expandable);
+  EXPECT_NE(half.error().message().find("ExpandablePool maps free memory into one contiguous range"),
+            std::string::npos)
+      << half.error().message();
   EXPECT_NE(half.error().message().find("512 KiB"), std::string::npos) << half.error().message();
 
   const Stats stats = a->stats();

@@ -488,6 +488,10 @@ TEST(Pool, ServesTheProgramsAllocationsFromThePool) {
   app.send_line();
   ASSERT_EQ(app.finish(), 0) << app.errors();
   EXPECT_EQ(app.number("free"), 0);
+  // The refusal beyond the quota names --quota: the pool has all of it, and
+  // no fraction was set that could be raised.
+  EXPECT_NE(app.errors().find("raise --quota"), std::string::npos) << app.errors();
+  EXPECT_EQ(app.errors().find("MEM_FRACTION"), std::string::npos) << app.errors();
   // The pool made no cuMemAlloc (the one is the program's own, past it), and
   // each of the program's 19 frees of a pool block waited for the device.
   EXPECT_EQ(app.text("driver_calls").substr(0, 24), " mem_alloc=1 mem_free=1 ");

@@ -94,6 +94,9 @@ def test_out_of_memory():
         pool.allocate(GiB)
     assert isinstance(raised.value, MemoryError)
     assert str(raised.value)  # carries the pool's report
+    # Its hint names the keyword this caller has, not an environment variable.
+    assert "raise mem_fraction" in str(raised.value)
+    assert "TIDEPOOL_" not in str(raised.value)
     assert pool.memory_stats()["num_ooms"] == 1
     pool.free(pool.allocate(MiB))  # still works
 

@@ -147,8 +147,8 @@ Expected<void*> AsyncPool::allocate(std::size_t bytes, Stream stream) {
     report.bytes_reserved = s.attribute(cudaMemPoolAttrReservedMemCurrent);
     report.device_free_bytes = s.cuda_device->mem_info().free_bytes;
     report.largest_free_block_bytes = round_up(s.bytes_limit, kStatsGranule) - report.bytes_in_use;
-    report.hint = "the pool's limit of " + format_bytes(s.bytes_limit) +
-                  " (XLA_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_MEM_FRACTION of the device) is reached";
+    report.hint = "the pool's limit of " + format_bytes(s.bytes_limit) + " is reached";
+    report.advice = OomAdvice::free_or_raise_limit;
     return Error::out_of_memory(s.who(), std::move(report));
   }
   ScopedDevice current(s.ordinal);
