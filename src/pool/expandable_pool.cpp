@@ -174,6 +174,9 @@ struct ExpandablePool::State {
     for (const Held& block : held) free_large(block);
     held.clear();
   }
+  /// The free granules, counting those the held-back blocks' frees would
+  /// free: what stats() reports, observed without completing them.
+  std::size_t free_granules_with_held() const;
   bool is_held(const void* ptr) const noexcept {
     return std::any_of(held.begin(), held.end(), [ptr](const Held& block) { return block.ptr == ptr; });
   }
@@ -622,15 +625,41 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   return {};
 }
 
+std::size_t ExpandablePool::State::free_granules_with_held() const {
+  std::size_t count = granules.free_count();
+  std::vector<std::pair<GranuleId, std::uint32_t>> ends;  // end granule, held blocks ending in it
+  const auto ends_in = [&ends](GranuleId id) {
+    auto found = std::find_if(ends.begin(), ends.end(), [id](const auto& end) { return end.first == id; });
+    if (found == ends.end()) {
+      ends.emplace_back(id, 1);
+    } else {
+      ++found->second;
+    }
+  };
+  for (const Held& block : held) {
+    const auto base = reinterpret_cast<std::uintptr_t>(block.ptr);
+    const Space& space = *space_of(base);
+    const GranuleId first = granule_of(space, base);
+    const GranuleId last = granule_of(space, base + block.bytes - 1);
+    if (last - first >= 2) count += last - first - 1 - granules.unmapped_in(first + 1, last - 1);  // the block's alone
+    ends_in(first);  // a block's ends count one use each (one in all when they are one granule)
+    if (last != first) ends_in(last);
+  }
+  for (const auto& [id, freed] : ends) {
+    if (granules.is_mapped(id) && granules.uses(id) == freed) ++count;
+  }
+  return count;
+}
+
 Stats ExpandablePool::stats() const {
-  State& s = *state_;
+  const State& s = *state_;
   std::lock_guard lock(s.mutex);
-  s.complete_held();  // the free granule figures count held blocks' granules
   Stats stats = s.usage.to_stats();
+  const std::size_t free_granules = s.free_granules_with_held();
   stats.bytes_limit = static_cast<std::int64_t>(s.bytes_limit);
-  stats.largest_free_block_bytes = static_cast<std::int64_t>(s.free_granule_bytes());
+  stats.largest_free_block_bytes = static_cast<std::int64_t>(free_granules * s.granule);
   stats.bytes_mapped = static_cast<std::int64_t>(s.mapped_bytes());
-  stats.granules_free = static_cast<std::int64_t>(s.granules.free_count());
+  stats.granules_free = static_cast<std::int64_t>(free_granules);
   stats.num_maps = s.maps;
   stats.num_unmaps = s.unmaps;
   stats.num_stitches = s.stitches;
@@ -652,9 +681,8 @@ std::size_t ExpandablePool::trim() {
 }
 
 std::string ExpandablePool::dump() const {
-  State& s = *state_;
+  const State& s = *state_;
   std::lock_guard lock(s.mutex);
-  s.complete_held();
   std::string out = "expandable pool on " + s.device->description() + ": limit " + format_bytes(s.bytes_limit) +
                     ", in use " + format_bytes(static_cast<std::size_t>(s.usage.bytes_in_use)) + ", mapped " +
                     format_bytes(s.mapped_bytes()) + " (" + std::to_string(s.granules.mapped()) + " granules of " +
@@ -670,8 +698,15 @@ std::string ExpandablePool::dump() const {
   }
   out += "small blocks (below " + format_bytes(s.options.small_threshold) + "):\n" + s.small.dump();
   out += "large blocks:\n" + s.large.dump();
+  if (!s.held.empty()) {
+    out += "held back (freed, counted free; live above until the same request or another needs them): " +
+           std::to_string(s.held.size()) + " block" + (s.held.size() == 1 ? "" : "s") + "\n";
+    for (const State::Held& block : s.held) {
+      out += "  " + format_address(block.ptr) + " " + format_bytes(block.bytes) + "\n";
+    }
+  }
   for (std::size_t id = 1; id <= s.tags.size(); ++id) {
-    pool::Tag& tag = s.tags.at(static_cast<pool::TagId>(id));
+    const pool::Tag& tag = s.tags.at(static_cast<pool::TagId>(id));
     out += "tag '" + tag.name + "' (" + pool::to_string(tag.phase) + ", in use " + format_bytes(tag.bytes_in_use) +
            ", asleep " + format_bytes(tag.bytes_asleep) + "):\n" + tag.small.dump() + tag.large.dump();
   }

@@ -158,6 +158,8 @@ class GranuleTable {
   std::size_t mapped() const noexcept { return mapped_; }
   /// Mapped granules no live block overlaps.
   std::size_t free_count() const noexcept { return free_count_; }
+  /// Live blocks that end in granule `id` (0 inside one).
+  std::uint32_t uses(GranuleId id) const noexcept { return uses_[id]; }
 
   /// How many granules of [first, last] have no physical memory mapped.
   std::size_t unmapped_in(GranuleId first, GranuleId last) const noexcept {

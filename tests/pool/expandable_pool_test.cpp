@@ -370,6 +370,38 @@ TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {
 
 // A large block freed is held back whole: asked for again at its size on its
 // stream it comes back as it was; to everything else its granules are free.
+// stats() and dump() observe: blocks held back stay held (the ledger's
+// thread reads stats() every 100 ms), and the figures count their granules
+// free as completing the frees would.
+TEST(ExpandablePool, StatsAndDumpLeaveHeldBlocksHeld) {
+  auto pool = expandable(host_device(64 * MiB));
+  // Blocks whose ends share granules: with each other, and with live ones.
+  void* before = must_allocate(*pool, 3 * MiB);
+  void* a = must_allocate(*pool, 5 * MiB);
+  void* b = must_allocate(*pool, 3 * MiB);
+  void* c = must_allocate(*pool, 9 * MiB);
+  void* after = must_allocate(*pool, 3 * MiB);
+  for (void* block : {a, b, c}) ASSERT_TRUE(pool->deallocate(block));
+  const Stats seen = pool->stats();
+  EXPECT_EQ(pool->stats().granules_free, seen.granules_free);
+  const std::string dump = pool->dump();
+  EXPECT_NE(dump.find("held back (freed, counted free; live above until the same request or another needs them): 3 "
+                      "blocks"),
+            std::string::npos)
+      << dump;
+  // A free that is not a block's completes the held frees (the arena says
+  // what the pointer is): the figures are the same.
+  ASSERT_FALSE(pool->deallocate(static_cast<char*>(c) + 4096));
+  EXPECT_EQ(pool->dump().find("held back"), std::string::npos);
+  const Stats completed = pool->stats();
+  EXPECT_GT(completed.granules_free, 0);
+  EXPECT_EQ(seen.granules_free, completed.granules_free);
+  EXPECT_EQ(seen.largest_free_block_bytes, completed.largest_free_block_bytes);
+  EXPECT_EQ(seen.bytes_in_use, completed.bytes_in_use);
+  ASSERT_TRUE(pool->deallocate(before));
+  ASSERT_TRUE(pool->deallocate(after));
+}
+
 TEST(ExpandablePool, LargeBlocksHeldBackOnFreeAreFreeToEveryoneElse) {
   auto counting = std::make_shared<SyncCountingDevice>(host_device(32 * MiB));
   auto pool = expandable(counting);
