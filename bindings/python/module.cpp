@@ -313,44 +313,37 @@ py::list series_list(const Points& points) {
   return out;
 }
 
-/// One row of the replay table (report::replay_table) with every figure.
+/// The figures of a for_each_figure list as a dict (an absent optional: None).
+template <class Figures>
+py::dict figures_dict(const Figures& figures) {
+  py::dict out;
+  figures.for_each_figure([&out](std::string_view name, const auto& value) { out[py::str(std::string(name))] = py::cast(value); });
+  return out;
+}
+
+py::dict calls_dict(const trace::DeviceCalls& calls) {
+  py::dict out;
+  for (const auto& [name, value] : calls.items()) out[py::str(std::string(name))] = value;
+  return out;
+}
+
+/// One row of the replay table (report::replay_table) with every figure:
+/// the JSON report's mode object, with the trace's name and seeded blocks.
 py::dict mode_row(const trace::TraceReplay& replay, const trace::ModeReplay& mode, bool series) {
   py::dict row;
   row["trace"] = replay.trace_name;
-  row["mode"] = std::string(mode_name(mode.mode));
-  row["capacity_bytes"] = mode.capacity_bytes;
-  row["events"] = mode.events;
-  row["peak_live_bytes"] = mode.peak_live_bytes;
-  row["served_peak_live_bytes"] = mode.served_peak_live_bytes;
   row["seeded_blocks"] = replay.seeded_blocks;
   row["seeded_bytes"] = replay.seeded_bytes;
-  row["peak_live_rounded_bytes"] = mode.peak_live_rounded_bytes;
-  row["initial_reserved_bytes"] = mode.initial_reserved_bytes;
-  row["peak_reserved_bytes"] = mode.peak_reserved_bytes;
-  row["final_reserved_bytes"] = mode.final_reserved_bytes;
-  row["average_reserved_bytes"] = mode.average_reserved_bytes;
-  row["fragmentation"] = mode.fragmentation;
-  row["address_high_water_bytes"] = py::cast(mode.address_high_water_bytes);
-  row["min_capacity_bytes"] = py::cast(mode.min_capacity_bytes);
-  row["min_capacity_ratio"] = mode.min_capacity_ratio();
-  row["min_limit_bytes"] = py::cast(mode.min_limit_bytes);
-  row["min_limit_ratio"] = mode.min_limit_ratio();
-  py::dict device_calls;
-  for (const auto& [name, value] : mode.device_calls.items()) device_calls[py::str(std::string(name))] = value;
-  row["device_calls"] = device_calls;
-  row["ooms"] = mode.ooms;
-  if (mode.first_oom) {
-    py::dict oom;
-    oom["event_index"] = mode.first_oom->event_index;
-    oom["block"] = mode.first_oom->block;
-    oom["requested_bytes"] = mode.first_oom->requested_bytes;
-    oom["message"] = mode.first_oom->message;
-    row["first_oom"] = oom;
-  } else {
-    row["first_oom"] = py::none();
+  for (const auto& [name, value] : figures_dict(mode)) row[name] = value;
+  row["device_calls"] = calls_dict(mode.device_calls);
+  py::list passes;
+  for (const trace::PassReplay& pass : mode.passes) {
+    py::dict entry = figures_dict(pass);
+    entry["device_calls"] = calls_dict(pass.device_calls);
+    passes.append(entry);
   }
-  row["ns_per_op"] = mode.ns_per_op();
-  row["events_per_second"] = mode.events_per_second();
+  row["passes"] = passes;
+  row["first_oom"] = mode.first_oom ? py::object(figures_dict(*mode.first_oom)) : py::none();
   row["stats"] = stats_dict(mode.stats);
   if (series) row["series"] = series_list(mode.series);
   return row;

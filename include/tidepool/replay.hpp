@@ -123,6 +123,14 @@ struct PassReplay {
   double ns_per_op() const noexcept {
     return events == 0 ? 0.0 : static_cast<double>(replay_ns) / static_cast<double>(events);
   }
+  /// The scalar figures by report name (device_calls aside): the one list
+  /// JSON and Python serialize. visit(name, value).
+  template <class Visit>
+  void for_each_figure(Visit&& visit) const {
+    visit("ns_per_op", ns_per_op());
+    visit("peak_reserved_bytes", peak_reserved_bytes);
+    visit("ooms", ooms);
+  }
 };
 
 /// An allocation refused, by a replayed mode or in the recorded program: x as
@@ -144,6 +152,20 @@ struct FirstOom {
   std::uint64_t requested_bytes = 0;
   std::string message;   // the pool's error message
   OomReport report;      // zero where the pool gave no report
+
+  /// Every figure by report name: the one list JSON and Python serialize.
+  template <class Visit>
+  void for_each_figure(Visit&& visit) const {
+    visit("event_index", event_index);
+    visit("block", std::uint64_t{block});
+    visit("requested_bytes", requested_bytes);
+    visit("bytes_in_use", std::uint64_t{report.bytes_in_use});
+    visit("bytes_reserved", std::uint64_t{report.bytes_reserved});
+    visit("device_free_bytes", std::uint64_t{report.device_free_bytes});
+    visit("largest_free_block_bytes", std::uint64_t{report.largest_free_block_bytes});
+    visit("hint", std::string_view(report.hint));
+    visit("message", std::string_view(message));
+  }
 };
 
 /// What one mode did with one trace.
@@ -204,6 +226,36 @@ struct ModeReplay {
   double min_limit_ratio() const noexcept {
     if (!min_limit_bytes || peak_live_bytes == 0) return 0.0;
     return static_cast<double>(*min_limit_bytes) / static_cast<double>(peak_live_bytes);
+  }
+
+  /// Every scalar figure by report name, in order: the one list JSON and
+  /// Python serialize (each adds the nested ones: device_calls, passes,
+  /// first_oom, oom_marks, stats, series). visit(name, value), the value a
+  /// std::string_view, a number, or a std::optional of one (absent: null).
+  template <class Visit>
+  void for_each_figure(Visit&& visit) const {
+    visit("mode", mode_name(mode));
+    visit("capacity_bytes", std::uint64_t{capacity_bytes});
+    visit("events", events);
+    visit("peak_live_bytes", peak_live_bytes);
+    visit("served_peak_live_bytes", served_peak_live_bytes);
+    visit("peak_live_rounded_bytes", peak_live_rounded_bytes);
+    visit("initial_reserved_bytes", initial_reserved_bytes);
+    visit("peak_reserved_bytes", peak_reserved_bytes);
+    visit("final_reserved_bytes", final_reserved_bytes);
+    visit("average_reserved_bytes", average_reserved_bytes);
+    visit("fragmentation", fragmentation);
+    visit("address_high_water_bytes", address_high_water_bytes);
+    visit("min_capacity_bytes", min_capacity_bytes);
+    visit("min_capacity_ratio", min_capacity_bytes ? std::optional<double>(min_capacity_ratio()) : std::nullopt);
+    visit("min_capacity_probes", std::uint64_t{min_capacity_probes});
+    visit("min_limit_bytes", min_limit_bytes);
+    visit("min_limit_ratio", min_limit_bytes ? std::optional<double>(min_limit_ratio()) : std::nullopt);
+    visit("min_limit_probes", std::uint64_t{min_limit_probes});
+    visit("ooms", ooms);
+    visit("replay_ns", replay_ns);
+    visit("ns_per_op", ns_per_op());
+    visit("events_per_second", events_per_second());
   }
 };
 

@@ -2,6 +2,7 @@
 // the interface (docs/replay.md); ordered_json keeps them in a stable order.
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 
 #include "tidepool/report.hpp"
@@ -24,10 +25,6 @@ Json series_json(const std::vector<trace::SeriesPoint>& series) {
   return Json{{"x", std::move(x)}, {"live_bytes", std::move(live)}, {"reserved_bytes", std::move(reserved)}};
 }
 
-template <class T>
-Json optional_json(const std::optional<T>& value) {
-  return value ? Json(*value) : Json(nullptr);
-}
 
 Json calls_json(const trace::DeviceCalls& calls) {
   Json out;
@@ -35,56 +32,38 @@ Json calls_json(const trace::DeviceCalls& calls) {
   return out;
 }
 
+/// A figure of a for_each_figure list; an absent optional is null.
+template <class T>
+Json figure_json(const T& value) {
+  return Json(value);
+}
+template <class T>
+Json figure_json(const std::optional<T>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+inline Json figure_json(std::string_view value) { return Json(std::string(value)); }
+
+template <class Figures>
+Json figures_json(const Figures& figures) {
+  Json out = Json::object();
+  figures.for_each_figure([&out](std::string_view name, const auto& value) { out[std::string(name)] = figure_json(value); });
+  return out;
+}
+
 Json mode_json(const trace::ModeReplay& mode) {
-  Json out;
-  out["mode"] = mode_label(mode);
-  out["capacity_bytes"] = mode.capacity_bytes;
-  out["events"] = mode.events;
-  out["peak_live_bytes"] = mode.peak_live_bytes;
-  out["served_peak_live_bytes"] = mode.served_peak_live_bytes;
-  out["peak_live_rounded_bytes"] = mode.peak_live_rounded_bytes;
-  out["initial_reserved_bytes"] = mode.initial_reserved_bytes;
-  out["peak_reserved_bytes"] = mode.peak_reserved_bytes;
-  out["final_reserved_bytes"] = mode.final_reserved_bytes;
-  out["average_reserved_bytes"] = mode.average_reserved_bytes;
-  out["fragmentation"] = mode.fragmentation;
-  out["address_high_water_bytes"] = optional_json(mode.address_high_water_bytes);
-  out["min_capacity_bytes"] = optional_json(mode.min_capacity_bytes);
-  out["min_capacity_ratio"] = mode.min_capacity_bytes ? Json(mode.min_capacity_ratio()) : Json(nullptr);
-  out["min_capacity_probes"] = mode.min_capacity_probes;
-  out["min_limit_bytes"] = optional_json(mode.min_limit_bytes);
-  out["min_limit_ratio"] = mode.min_limit_bytes ? Json(mode.min_limit_ratio()) : Json(nullptr);
-  out["min_limit_probes"] = mode.min_limit_probes;
+  Json out = figures_json(mode);
   out["device_calls"] = calls_json(mode.device_calls);
   Json passes = Json::array();
   for (const trace::PassReplay& pass : mode.passes) {
-    passes.push_back(Json{{"device_calls", calls_json(pass.device_calls)},
-                          {"ns_per_op", pass.ns_per_op()},
-                          {"peak_reserved_bytes", pass.peak_reserved_bytes},
-                          {"ooms", pass.ooms}});
+    Json entry{{"device_calls", calls_json(pass.device_calls)}};
+    entry.update(figures_json(pass));
+    passes.push_back(std::move(entry));
   }
   out["passes"] = std::move(passes);
-  out["ooms"] = mode.ooms;
-  if (mode.first_oom) {
-    const trace::FirstOom& oom = *mode.first_oom;
-    out["first_oom"] = Json{{"event_index", oom.event_index},
-                            {"block", oom.block},
-                            {"requested_bytes", oom.requested_bytes},
-                            {"bytes_in_use", oom.report.bytes_in_use},
-                            {"bytes_reserved", oom.report.bytes_reserved},
-                            {"device_free_bytes", oom.report.device_free_bytes},
-                            {"largest_free_block_bytes", oom.report.largest_free_block_bytes},
-                            {"hint", oom.report.hint},
-                            {"message", oom.message}};
-  } else {
-    out["first_oom"] = nullptr;
-  }
+  out["first_oom"] = mode.first_oom ? figures_json(*mode.first_oom) : Json(nullptr);
   Json marks = Json::array();
   for (const trace::OomMark& mark : mode.oom_marks) marks.push_back(Json{{"x", mark.x}, {"bytes", mark.bytes}});
   out["oom_marks"] = std::move(marks);
-  out["replay_ns"] = mode.replay_ns;
-  out["ns_per_op"] = mode.ns_per_op();
-  out["events_per_second"] = mode.events_per_second();
   Json stats;
   for (const auto& [name, value] : mode.stats.items()) stats[std::string(name)] = value;
   out["stats"] = std::move(stats);

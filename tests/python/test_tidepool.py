@@ -206,6 +206,12 @@ def test_replay_workload_rows():
         assert row["ooms"] == 0 and row["first_oom"] is None
         assert set(JAX_MEMORY_STATS_KEYS) <= set(row["stats"])
         assert "series" not in row
+        # The JSON report's mode object, from the same list: passes, probes, times.
+        assert row["min_capacity_ratio"] is None and row["min_capacity_probes"] == 0
+        assert row["replay_ns"] > 0 and row["ns_per_op"] > 0
+        [only] = row["passes"]
+        assert only["device_calls"] == row["device_calls"]
+        assert only["peak_reserved_bytes"] == row["peak_reserved_bytes"] and only["ooms"] == 0
     # platform calls the device for every allocation; the pool caches.
     assert platform["device_calls"]["allocs"] > growth["device_calls"]["allocs"]
     assert platform["device_calls"]["allocs"] >= platform["stats"]["num_allocs"]
