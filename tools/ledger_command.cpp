@@ -12,12 +12,14 @@
 #include <cerrno>
 
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "command.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/ledger.hpp"
+#include "tidepool/report.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool::cli {
@@ -42,89 +44,6 @@ Expected<std::string> segment_name(const LedgerCommandOptions& options) {
 
 std::string bytes_or_none(std::size_t bytes) { return bytes != 0 ? format_bytes(bytes) : "none"; }
 
-struct Totals {
-  std::size_t processes = 0;
-  std::size_t alive = 0;
-  std::size_t reserved_bytes = 0;
-  std::size_t cached_free_bytes = 0;  // over the entries that report it
-  std::size_t quota_bytes = 0;
-  std::size_t wanted_bytes = 0;
-  std::uint64_t trim_requests = 0;
-  std::uint64_t trims_answered = 0;
-  std::size_t bytes_trimmed = 0;
-  std::size_t asleep_bytes = 0;
-  std::uint64_t wake_waits = 0;
-};
-
-Totals totals_of(const LedgerSnapshot& snapshot) {
-  Totals totals;
-  for (const LedgerEntryInfo& entry : snapshot.entries) {
-    ++totals.processes;
-    totals.alive += entry.alive ? 1 : 0;
-    totals.reserved_bytes += entry.reserved_bytes;
-    totals.cached_free_bytes += entry.cached_free_bytes;
-    totals.quota_bytes += entry.quota_bytes;
-    totals.wanted_bytes += entry.wanted_bytes;
-    totals.trim_requests += entry.trim_requests;
-    totals.trims_answered += entry.trims_answered;
-    totals.bytes_trimmed += entry.bytes_trimmed;
-    totals.asleep_bytes += entry.asleep_bytes;
-    totals.wake_waits += entry.wake_waits;
-  }
-  return totals;
-}
-
-nlohmann::json to_json(const LedgerSnapshot& snapshot, const LedgerCommandOptions& options,
-                       std::size_t reclaimed) {
-  nlohmann::json processes = nlohmann::json::array();
-  for (const LedgerEntryInfo& entry : snapshot.entries) {
-    processes.push_back({{"slot", entry.slot},
-                         {"pid", entry.pid},
-                         {"command", entry.command},
-                         {"alive", entry.alive},
-                         {"start_time", entry.start_time},
-                         {"reserved_bytes", entry.reserved_bytes},
-                         // null: the process's pools do not report it
-                         {"cached_free_bytes", entry.cached_free_known
-                                                   ? nlohmann::json(entry.cached_free_bytes)
-                                                   : nlohmann::json(nullptr)},
-                         {"quota_bytes", entry.quota_bytes},
-                         {"wanted_bytes", entry.wanted_bytes},
-                         {"trim_requests", entry.trim_requests},
-                         {"trims_answered", entry.trims_answered},
-                         {"bytes_trimmed", entry.bytes_trimmed},
-                         {"answers_trim", entry.answers_trim},
-                         {"asleep_bytes", entry.asleep_bytes},
-                         {"wake_waits", entry.wake_waits}});
-  }
-  const Totals totals = totals_of(snapshot);
-  nlohmann::json out{{"segment", snapshot.segment_name},
-                     {"device_id", snapshot.device_id},
-                     {"limit_bytes", snapshot.limit_bytes},
-                     {"device_total_bytes", snapshot.device_total_bytes},
-                     {"reserved_bytes", snapshot.reserved_bytes},
-                     {"committed_bytes", snapshot.committed_bytes()},
-                     {"peak_reserved_bytes", snapshot.peak_reserved_bytes},
-                     {"reclaimed_entries", snapshot.reclaimed_entries},
-                     {"lock_recoveries", snapshot.lock_recoveries},
-                     {"entry_capacity", snapshot.entry_capacity},
-                     {"processes", processes},
-                     {"totals",
-                      {{"processes", totals.processes},
-                       {"alive", totals.alive},
-                       {"reserved_bytes", totals.reserved_bytes},
-                       {"cached_free_bytes", totals.cached_free_bytes},
-                       {"quota_bytes", totals.quota_bytes},
-                       {"wanted_bytes", totals.wanted_bytes},
-                       {"trim_requests", totals.trim_requests},
-                       {"trims_answered", totals.trims_answered},
-                       {"bytes_trimmed", totals.bytes_trimmed},
-                       {"asleep_bytes", totals.asleep_bytes},
-                       {"wake_waits", totals.wake_waits}}}};
-  if (options.reclaim) out["reclaimed_now"] = reclaimed;
-  return out;
-}
-
 void print_text(const LedgerSnapshot& snapshot, const LedgerCommandOptions& options, std::size_t reclaimed) {
   if (options.reclaim) fmt::print("reclaimed {} dead entr{}\n\n", reclaimed, reclaimed == 1 ? "y" : "ies");
   fmt::print("ledger {} for device {}\n", snapshot.segment_name, snapshot.device_id);
@@ -145,7 +64,7 @@ void print_text(const LedgerSnapshot& snapshot, const LedgerCommandOptions& opti
                entry.trim_requests, entry.trims_answered, format_bytes(entry.bytes_trimmed),
                entry.asleep_bytes ? format_bytes(entry.asleep_bytes) : "-", entry.wake_waits);
   }
-  const Totals totals = totals_of(snapshot);
+  const LedgerTotals totals = snapshot.totals();
   fmt::print(kRow, "total", fmt::format("{}/{}", totals.alive, totals.processes), "alive/processes",
              format_bytes(totals.reserved_bytes), format_bytes(totals.cached_free_bytes),
              bytes_or_none(totals.quota_bytes), totals.wanted_bytes ? format_bytes(totals.wanted_bytes) : "-",
@@ -182,7 +101,7 @@ int run_ledger(const LedgerCommandOptions& options) {
   auto snapshot = (*ledger)->snapshot();
   if (!snapshot) return report_error(snapshot.error());
   if (options.json) {
-    fmt::print("{}\n", to_json(*snapshot, options, reclaimed).dump(2));
+    fmt::print("{}\n", report::ledger_json(*snapshot, options.reclaim ? std::optional<std::size_t>(reclaimed) : std::nullopt));
   } else {
     print_text(*snapshot, options, reclaimed);
   }

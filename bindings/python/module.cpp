@@ -450,38 +450,15 @@ py::dict ledger_snapshot(const std::optional<std::string>& segment) {
     auto ledger = take(Ledger::open_existing(name));
     return take(ledger->snapshot());
   }();
-  py::dict out;
+  // `tidepool ledger --json`'s object, from the same lists; "segment_name"
+  // and "entries" are the names Python had first for "segment" and "processes".
+  py::dict out = figures_dict(snapshot);
+  py::list processes;
+  for (const LedgerEntryInfo& entry : snapshot.entries) processes.append(figures_dict(entry));
+  out["processes"] = processes;
+  out["totals"] = figures_dict(snapshot.totals());
   out["segment_name"] = snapshot.segment_name;
-  out["device_id"] = snapshot.device_id;
-  out["limit_bytes"] = snapshot.limit_bytes;
-  out["device_total_bytes"] = snapshot.device_total_bytes;
-  out["reserved_bytes"] = snapshot.reserved_bytes;
-  out["peak_reserved_bytes"] = snapshot.peak_reserved_bytes;
-  out["committed_bytes"] = snapshot.committed_bytes();
-  out["reclaimed_entries"] = snapshot.reclaimed_entries;
-  out["lock_recoveries"] = snapshot.lock_recoveries;
-  out["entry_capacity"] = snapshot.entry_capacity;
-  py::list entries;
-  for (const LedgerEntryInfo& entry : snapshot.entries) {
-    py::dict e;
-    e["slot"] = entry.slot;
-    e["pid"] = entry.pid;
-    e["start_time"] = entry.start_time;
-    e["command"] = entry.command;
-    e["reserved_bytes"] = entry.reserved_bytes;
-    e["quota_bytes"] = entry.quota_bytes;
-    e["cached_free_bytes"] = entry.cached_free_bytes;
-    e["wanted_bytes"] = entry.wanted_bytes;
-    e["trim_requests"] = entry.trim_requests;
-    e["trims_answered"] = entry.trims_answered;
-    e["bytes_trimmed"] = entry.bytes_trimmed;
-    e["answers_trim"] = entry.answers_trim;
-    e["asleep_bytes"] = entry.asleep_bytes;
-    e["wake_waits"] = entry.wake_waits;
-    e["alive"] = entry.alive;
-    entries.append(e);
-  }
-  out["entries"] = entries;
+  out["entries"] = processes;
   return out;
 }
 

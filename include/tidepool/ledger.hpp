@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +56,58 @@ struct LedgerEntryInfo {
   std::size_t asleep_bytes = 0;       // bytes of its pools' sleeping tags, as its pools last reported
   std::uint64_t wake_waits = 0;       // wakes (batch reservations) that waited for others to free or trim
   bool alive = false;                 // the pid runs and has the recorded start time
+
+  /// Every field by report name: the one list `tidepool ledger --json` and
+  /// Python's ledger() serialize. visit(name, value); cached_free_bytes is
+  /// a std::optional, absent when the process's pools do not report it.
+  template <class Visit>
+  void for_each_figure(Visit&& visit) const {
+    visit("slot", std::uint64_t{slot});
+    visit("pid", std::int64_t{pid});
+    visit("command", std::string_view(command));
+    visit("alive", alive);
+    visit("start_time", start_time);
+    visit("reserved_bytes", std::uint64_t{reserved_bytes});
+    visit("cached_free_bytes", cached_free_known ? std::optional<std::uint64_t>(cached_free_bytes) : std::nullopt);
+    visit("quota_bytes", std::uint64_t{quota_bytes});
+    visit("wanted_bytes", std::uint64_t{wanted_bytes});
+    visit("trim_requests", trim_requests);
+    visit("trims_answered", trims_answered);
+    visit("bytes_trimmed", std::uint64_t{bytes_trimmed});
+    visit("answers_trim", answers_trim);
+    visit("asleep_bytes", std::uint64_t{asleep_bytes});
+    visit("wake_waits", wake_waits);
+  }
+};
+
+/// The entries of a snapshot added up.
+struct LedgerTotals {
+  std::uint64_t processes = 0;
+  std::uint64_t alive = 0;
+  std::uint64_t reserved_bytes = 0;
+  std::uint64_t cached_free_bytes = 0;  // over the entries that report it
+  std::uint64_t quota_bytes = 0;
+  std::uint64_t wanted_bytes = 0;
+  std::uint64_t trim_requests = 0;
+  std::uint64_t trims_answered = 0;
+  std::uint64_t bytes_trimmed = 0;
+  std::uint64_t asleep_bytes = 0;
+  std::uint64_t wake_waits = 0;
+
+  template <class Visit>
+  void for_each_figure(Visit&& visit) const {
+    visit("processes", processes);
+    visit("alive", alive);
+    visit("reserved_bytes", reserved_bytes);
+    visit("cached_free_bytes", cached_free_bytes);
+    visit("quota_bytes", quota_bytes);
+    visit("wanted_bytes", wanted_bytes);
+    visit("trim_requests", trim_requests);
+    visit("trims_answered", trims_answered);
+    visit("bytes_trimmed", bytes_trimmed);
+    visit("asleep_bytes", asleep_bytes);
+    visit("wake_waits", wake_waits);
+  }
 };
 
 /// The whole segment at one moment.
@@ -72,6 +125,23 @@ struct LedgerSnapshot {
 
   /// Bytes the live entries commit: sum of max(reserved, quota).
   std::size_t committed_bytes() const;
+  LedgerTotals totals() const;
+
+  /// The segment's own figures by report name (entries and totals aside):
+  /// the one list `tidepool ledger --json` and Python's ledger() serialize.
+  template <class Visit>
+  void for_each_figure(Visit&& visit) const {
+    visit("segment", std::string_view(segment_name));
+    visit("device_id", std::string_view(device_id));
+    visit("limit_bytes", std::uint64_t{limit_bytes});
+    visit("device_total_bytes", std::uint64_t{device_total_bytes});
+    visit("reserved_bytes", std::uint64_t{reserved_bytes});
+    visit("committed_bytes", std::uint64_t{committed_bytes()});
+    visit("peak_reserved_bytes", std::uint64_t{peak_reserved_bytes});
+    visit("reclaimed_entries", reclaimed_entries);
+    visit("lock_recoveries", lock_recoveries);
+    visit("entry_capacity", std::uint64_t{entry_capacity});
+  }
 };
 
 /// How a segment is opened or made.

@@ -8,7 +8,11 @@
 #include <string>
 #include <string_view>
 
+#include <cstddef>
+#include <optional>
+
 #include "tidepool/error.hpp"
+#include "tidepool/ledger.hpp"
 #include "tidepool/replay.hpp"
 
 namespace tidepool::report {
@@ -28,6 +32,11 @@ std::string stats_table(const trace::TraceReplay& replay);
 /// Every figure of every replay as one JSON document (docs/replay.md names
 /// each field). Field order is stable.
 std::string replay_json(std::span<const trace::TraceReplay> replays);
+
+/// A ledger snapshot as `tidepool ledger --json` prints it: the segment's
+/// figures, "processes" (one object per entry) and "totals", from the
+/// snapshot's for_each_figure lists; "reclaimed_now" when given. Indented.
+std::string ledger_json(const LedgerSnapshot& snapshot, std::optional<std::size_t> reclaimed_now = std::nullopt);
 
 /// Chrome trace-event JSON (the "JSON Object Format": {"traceEvents": [...]})
 /// with one process per trace and mode, named "<trace> / <mode>", holding

@@ -130,4 +130,14 @@ std::string replay_json(std::span<const trace::TraceReplay> replays) {
   return document.dump() + "\n";
 }
 
+std::string ledger_json(const LedgerSnapshot& snapshot, std::optional<std::size_t> reclaimed_now) {
+  Json out = figures_json(snapshot);
+  Json processes = Json::array();
+  for (const LedgerEntryInfo& entry : snapshot.entries) processes.push_back(figures_json(entry));
+  out["processes"] = std::move(processes);
+  out["totals"] = figures_json(snapshot.totals());
+  if (reclaimed_now) out["reclaimed_now"] = *reclaimed_now;
+  return out.dump(2);
+}
+
 }  // namespace tidepool::report

@@ -620,4 +620,22 @@ std::size_t LedgerSnapshot::committed_bytes() const {
   return committed;
 }
 
+LedgerTotals LedgerSnapshot::totals() const {
+  LedgerTotals totals;
+  for (const LedgerEntryInfo& entry : entries) {
+    ++totals.processes;
+    totals.alive += entry.alive ? 1 : 0;
+    totals.reserved_bytes += entry.reserved_bytes;
+    totals.cached_free_bytes += entry.cached_free_bytes;
+    totals.quota_bytes += entry.quota_bytes;
+    totals.wanted_bytes += entry.wanted_bytes;
+    totals.trim_requests += entry.trim_requests;
+    totals.trims_answered += entry.trims_answered;
+    totals.bytes_trimmed += entry.bytes_trimmed;
+    totals.asleep_bytes += entry.asleep_bytes;
+    totals.wake_waits += entry.wake_waits;
+  }
+  return totals;
+}
+
 }  // namespace tidepool

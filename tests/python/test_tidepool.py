@@ -1,5 +1,6 @@
 """The Python package: Allocator, memory_stats with JAX's names, errors as
 exceptions with tidepool's messages, replay rows, and the ledger."""
+import json
 import os
 import subprocess
 import threading
@@ -283,6 +284,13 @@ def test_ledger_shows_a_running_process():
         assert entry["alive"] and entry["quota_bytes"] == quota
         assert entry["reserved_bytes"] == quota // 4 * 3 + MiB  # 75% preallocated + 1 MiB held
         assert snapshot["committed_bytes"] >= quota
+        # The command's JSON and this dict come from one list per type.
+        command = json.loads(subprocess.run([cli, "ledger", "--json", "--device", name], check=True,
+                                            stdout=subprocess.PIPE, text=True).stdout)
+        assert set(command) <= set(snapshot)
+        assert set(command["processes"][0]) == set(snapshot["processes"][0])
+        assert set(command["totals"]) == set(snapshot["totals"])
+        assert command["totals"]["processes"] == snapshot["totals"]["processes"] == 1
         process.stdin.write("go\n")
         process.stdin.close()
         assert process.wait(timeout=30) == 0
