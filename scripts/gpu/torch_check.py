@@ -13,15 +13,11 @@ freeing it takes them away); everything PyTorch frees goes back to the pool.
 Exits non-zero with the failed check.
 """
 import gc
-import importlib.util
-import os
 import sys
 
-_spec = importlib.util.spec_from_file_location(
-    "tidepool_torch", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python",
-                                   "tidepool", "torch.py"))
-tidepool_torch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tidepool_torch)
+import tidepool_torch_file  # beside this script
+
+tidepool_torch = tidepool_torch_file.load()
 tidepool_torch.use(sys.argv[1] if len(sys.argv) > 1 else None)  # before the first CUDA allocation
 
 import torch  # noqa: E402

@@ -11,23 +11,21 @@ tidepool: peak_bytes_reserved), the median and p90 step time after warm-up,
 and the final loss (the two must train the same model the same way).
 Exits 1 when either side fails or writes nothing.
 """
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TORCH_MODULE = os.path.join(HERE, "..", "..", "bindings", "python", "tidepool", "torch.py")
 
 CHILD = r"""
-import importlib.util, json, sys, time
-which, library, module_path = sys.argv[1], sys.argv[2], sys.argv[3]
+import json, sys, time
+which, library, here = sys.argv[1], sys.argv[2], sys.argv[3]
 tidepool_torch = None
 if which == "tidepool":
-    spec = importlib.util.spec_from_file_location("tidepool_torch", module_path)
-    tidepool_torch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tidepool_torch)
+    sys.path.insert(0, here)
+    import tidepool_torch_file
+    tidepool_torch = tidepool_torch_file.load()
     tidepool_torch.use(library)
 import torch
 torch.manual_seed(0)
@@ -71,7 +69,7 @@ def main():
     results = []
     failed = False
     for which in ("pytorch", "tidepool"):
-        run = subprocess.run([sys.executable, "-c", CHILD, which, library, TORCH_MODULE], capture_output=True,
+        run = subprocess.run([sys.executable, "-c", CHILD, which, library, HERE], capture_output=True,
                              text=True, timeout=150, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
         if run.returncode != 0 or not lines:

@@ -13,18 +13,15 @@ old address and the model's output is bit-identical; the errors are raised
 (ValueError for an unknown tag or a tag awake). Prints the times per GiB.
 Exits non-zero with the failed check.
 """
-import importlib.util
 import os
 import sys
+
+import tidepool_torch_file  # beside this script
 import time
 
 os.environ["TIDEPOOL_ALLOCATOR"] = "expandable"
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-_spec = importlib.util.spec_from_file_location(
-    "tidepool_torch", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python",
-                                   "tidepool", "torch.py"))
-tidepool_torch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tidepool_torch)
+tidepool_torch = tidepool_torch_file.load()
 tidepool_torch.use(sys.argv[1] if len(sys.argv) > 1 else None)  # before the first CUDA allocation
 
 import torch  # noqa: E402
