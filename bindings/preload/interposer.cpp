@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "config/ledger_stack.hpp"
 #include "driver_abi.hpp"
 #include "pool_summary.hpp"
 #include "trace_file.hpp"
@@ -799,16 +800,9 @@ class Interposer {
       CUuuid uuid{};
       if (get_uuid(&uuid, device) == CUDA_SUCCESS) id = format_gpu_uuid(uuid.bytes);
     }
-    LedgerOptions options;
-    options.mode = config->ledger_mode.value;
-    if (const std::string& name = config->ledger_name.value; !name.empty())
-      options.segment_name = device == 0 ? name : name + "-" + std::to_string(device);
-    if (config->quota.value) {
-      options.quota_bytes = config->quota.value->resolve(total);
-      if (options.quota_bytes == 0)
-        return Error(Errc::invalid_argument, "TIDEPOOL_QUOTA='" + config->quota.text + "' is 0 bytes of " +
-                                                 format_bytes(total));
-    }
+    Expected<LedgerOptions> resolved = ledger_options(*config, total, device);
+    if (!resolved) return std::move(resolved).error();
+    LedgerOptions options = std::move(*resolved);
     // An unmodified program cannot give cached memory back when asked. The
     // pool of --pool can: the ledger's thread answers for it (its trim, with
     // the device's context made current) and reports what it holds unused.

@@ -99,28 +99,34 @@ Expected<std::string> configured_ledger_name(const Config& config) {
   return configured_ledger_name(config, (*device)->id());
 }
 
+Expected<LedgerOptions> ledger_options(const Config& config, std::size_t device_total, int device_index) {
+  LedgerOptions options;
+  options.mode = config.ledger_mode.value;
+  if (const std::string& name = config.ledger_name.value; !name.empty())
+    options.segment_name = device_index == 0 ? name : name + "-" + std::to_string(device_index);
+  options.wake_wait = config.wake_wait.value;
+  if (config.quota.value) {
+    options.quota_bytes = config.quota.value->resolve(device_total);
+    if (options.quota_bytes == 0)
+      return Error(Errc::invalid_argument, config.quota.source + "='" + config.quota.text + "' is 0 bytes of the " +
+                                               format_bytes(device_total) + " device; allowed: a larger quota");
+  }
+  return options;
+}
+
 Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
                                                      std::shared_ptr<Device> device) {
   if (!device) return Error(Errc::invalid_argument, "make_ledger_device: no device");
-  LedgerOptions options;
-  options.mode = config.ledger_mode.value;
-  options.segment_name = config.ledger_name.value;
-  options.wake_wait = config.wake_wait.value;
-  if (config.quota.value) {
-    const std::size_t total = device->mem_info().total_bytes;
-    options.quota_bytes = config.quota.value->resolve(total);
-    if (options.quota_bytes == 0)
-      return Error(Errc::invalid_argument, config.quota.source + "='" + config.quota.text + "' is 0 bytes of the " +
-                                               format_bytes(total) + " device; allowed: a larger quota");
-  }
-  auto ledger = LedgerDevice::create(std::move(device), options);
+  Expected<LedgerOptions> options = ledger_options(config, device->mem_info().total_bytes);
+  if (!options) return std::move(options).error();
+  auto ledger = LedgerDevice::create(std::move(device), *options);
   if (!ledger) {
     // Name the variable (TIDEPOOL_QUOTA or the scheduler's limit): the quota
     // is what the user can change. An out_of_memory keeps its report, whose
     // hint names TIDEPOOL_QUOTA.
     if (!config.quota.value || ledger.error().code() == Errc::out_of_memory) return std::move(ledger).error();
     return Error(ledger.error().code(), config.quota.source + "='" + config.quota.text + "' (" +
-                                            format_bytes(options.quota_bytes) + "): " + ledger.error().message());
+                                            format_bytes(options->quota_bytes) + "): " + ledger.error().message());
   }
   return std::shared_ptr<Device>(std::move(*ledger));
 }
