@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -224,6 +225,9 @@ class PyAllocator {
   /// Waits for the calls in flight (other threads, the GIL released), then
   /// destroys the stack; later calls raise.
   void close() {
+    // New calls are refused first: a shared_mutex may let a stream of
+    // readers (threads allocating with the GIL released) keep it from close.
+    closing_.store(true);
     bindings::Stack closed;
     {
       std::unique_lock whole(stack_mutex_);
@@ -273,6 +277,7 @@ class PyAllocator {
     Allocator& pool;
   };
   Open open() const {
+    if (closing_.load()) raise(Error(Errc::invalid_argument, "the allocator is closed"));
     std::shared_lock hold(stack_mutex_);
     if (!stack_.allocator) raise(Error(Errc::invalid_argument, "the allocator is closed"));
     return Open{std::move(hold), *stack_.allocator};
@@ -288,6 +293,7 @@ class PyAllocator {
   // Every call shares it; close() takes it whole (issue 14: close() racing
   // calls that released the GIL destroyed the stack under them).
   mutable std::shared_mutex stack_mutex_;
+  std::atomic<bool> closing_{false};
   bindings::Stack stack_;
   PeakWindow peaks_;
 };

@@ -134,7 +134,9 @@ Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
 std::unique_ptr<Allocator> with_ledger_trim_hooks(Mode mode, std::unique_ptr<Allocator> pool) {
   LedgerDevice* ledger = find_ledger_device(pool->device());
   if (ledger == nullptr) return pool;
-  // A preallocated pool never gives its region back: it reports, it does not answer.
+  // A preallocated pool gives its region back only when its owner calls trim()
+  // (it would preallocate it again at the next allocation): it reports, it does
+  // not answer.
   const bool answers_trim = mode != Mode::preallocate;
   return std::make_unique<LedgerTrimmedAllocator>(std::move(pool), *ledger, answers_trim);
 }
