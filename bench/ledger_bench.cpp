@@ -22,6 +22,7 @@
 #include "tidepool/config.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/ledger.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
 namespace {

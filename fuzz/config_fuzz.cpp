@@ -23,10 +23,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (value.find('\0') != std::string::npos) continue;  // an environment cannot hold NUL
     env[std::string(line.substr(0, eq))] = std::move(value);
   }
-  auto config = tidepool::Config::from_env([&](const char* name) -> const char* {
-    auto it = env.find(name);
-    return it == env.end() ? nullptr : it->second.c_str();
-  });
+  auto config = tidepool::Config::from_env(
+      [&](const char* name) -> const char* {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+      },
+      tidepool::DeviceKind::host);
   if (!config) {
     const std::string& message = config.error().message();
     bool names_a_variable = false;

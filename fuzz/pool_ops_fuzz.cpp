@@ -21,6 +21,7 @@
 #include "tidepool/config.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/sleep.hpp"
+#include "tidepool/stack.hpp"
 
 namespace {
 

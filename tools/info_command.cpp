@@ -9,6 +9,7 @@
 
 #include "command.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool::cli {

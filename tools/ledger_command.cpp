@@ -20,6 +20,7 @@
 #include "tidepool/config.hpp"
 #include "tidepool/ledger.hpp"
 #include "tidepool/report.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool::cli {

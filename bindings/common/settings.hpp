@@ -12,6 +12,7 @@
 
 #include "tidepool/config.hpp"
 #include "tidepool/error.hpp"
+#include "tidepool/stack.hpp"
 
 namespace tidepool::bindings {
 

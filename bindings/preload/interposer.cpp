@@ -59,7 +59,7 @@
 #include <utility>
 #include <vector>
 
-#include "config/ledger_stack.hpp"
+#include "stack/ledger_stack.hpp"
 #include "driver_abi.hpp"
 #include "pool_summary.hpp"
 #include "trace_file.hpp"
@@ -67,6 +67,7 @@
 #include "tidepool/config.hpp"
 #include "tidepool/device.hpp"
 #include "tidepool/ledger.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
 #define TIDEPOOL_EXPORT extern "C" __attribute__((visibility("default")))

@@ -26,6 +26,7 @@
 #include "tidepool/ledger.hpp"
 #include "tidepool/replay.hpp"
 #include "tidepool/sleep.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/trace_io.hpp"
 #include "tidepool/units.hpp"
 #include "tidepool/workloads.hpp"

@@ -18,6 +18,7 @@
 #include "tidepool/config.hpp"
 #include "tidepool/cuda_device.hpp"
 #include "tidepool/sleep.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/tidepool.h"
 
 namespace {

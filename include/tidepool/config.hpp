@@ -1,5 +1,5 @@
-// Configuration from the environment, and the one place that builds the
-// stack from it: device -> decorators -> pool.
+// Configuration from the environment: every setting parsed, with where it
+// came from. Building the stack from it is the stack layer's (stack.hpp).
 //
 // JAX's variables keep JAX's meaning (jaxlib's xla_client.py
 // generate_pjrt_gpu_plugin_options and XLA's GpuAllocatorConfig):
@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -22,8 +21,6 @@
 #include <utility>
 #include <vector>
 
-#include "tidepool/allocator.hpp"
-#include "tidepool/device.hpp"
 #include "tidepool/error.hpp"
 
 namespace tidepool {
@@ -49,12 +46,6 @@ Expected<Mode> parse_mode(std::string_view name);
 enum class DeviceKind { host, cuda };
 /// "host" or "cuda".
 std::string_view device_kind_name(DeviceKind kind) noexcept;
-/// The device used when TIDEPOOL_DEVICE is unset: cuda when a CUDA device is
-/// present in this build, else host.
-DeviceKind default_device_kind();
-/// Why default_device_kind() chose its device, for `tidepool info`: "a CUDA
-/// device is present", "no CUDA device: <why>" or "this build has no CUDA device".
-std::string default_device_reason();
 
 /// A per-process share of the device for the ledger: bytes, or a fraction of
 /// the device's total. Exactly one of the two is non-zero.
@@ -133,10 +124,16 @@ struct Config {
   /// How the JAX variables that are set were translated, for `tidepool info`.
   std::vector<std::string> notes;
 
-  /// Reads the process environment. Errors (invalid_argument) name the
-  /// variable, the value and what is allowed.
+  /// Reads the process environment; `default_device` where TIDEPOOL_DEVICE
+  /// is unset. Errors (invalid_argument) name the variable, the value and
+  /// what is allowed. Parsing only: nothing is probed or built.
+  static Expected<Config> from_env(DeviceKind default_device);
+  /// Reads variables through `getenv` (e.g. a map in a test).
+  static Expected<Config> from_env(const GetEnv& getenv, DeviceKind default_device);
+  /// The same with the device a machine offers by default (a CUDA device
+  /// when one is present: default_device_kind()). Defined by the stack
+  /// layer, which can probe for one (tidepool/stack.hpp).
   static Expected<Config> from_env();
-  /// Reads variables through `getenv`, e.g. a map in a test.
   static Expected<Config> from_env(const GetEnv& getenv);
 
   /// The pool's bytes_limit on a device of `device_total` bytes: mem_fraction
@@ -149,49 +146,5 @@ struct Config {
   OomWords oom_words(const std::function<std::string(std::string_view variable)>& spell =
                          [](std::string_view variable) { return std::string(variable); }) const;
 };
-
-/// The device of the configuration with its decorators: a HostDevice of
-/// host_capacity, or the CUDA device; then the ledger when enabled.
-Expected<std::shared_ptr<Device>> make_device(const Config& config);
-
-/// The ledger segment the configuration names for the device the
-/// configuration builds (TIDEPOOL_LEDGER_NAME, else the device's own name
-/// for this user, or group with TIDEPOOL_LEDGER_MODE=group), found without
-/// registering anywhere: what `tidepool ledger` and Python's ledger() read,
-/// and what the stack joins. Errors: those of building the bare device.
-Expected<std::string> configured_ledger_name(const Config& config);
-/// The same for the device of id `device_id`.
-std::string configured_ledger_name(const Config& config, std::string_view device_id);
-
-/// `device` guarded by the cross-process ledger of its id, this process
-/// registered with config.quota resolved against the device's total and
-/// config.ledger_mode for a new segment; what make_device does when
-/// config.ledger is on. Errors: those of LedgerDevice::create, the quota's
-/// naming TIDEPOOL_QUOTA.
-Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
-                                                     std::shared_ptr<Device> device);
-
-/// Whether make_allocator(mode, ...) can build its pool over `device` in this
-/// build: unsupported, with the reason, when it cannot (e.g. expandable on a
-/// device without virtual memory, cuda_async without the CUDA device).
-Status mode_supported(Mode mode, const Device& device);
-
-/// The pool of `mode` over `device`, with the settings of `config` (bytes
-/// limit, release threshold, preallocation). The one way to build a pool: the
-/// stack builder and the replay engine both use it. Errors: unsupported when
-/// the mode is not available in this build or on this device; out_of_memory
-/// when preallocation cannot get its region.
-///
-/// Over a LedgerDevice (anywhere below `device`), the pool reports its cached
-/// free bytes to the ledger and, unless it preallocates (it never gives
-/// memory back), answers other processes' trim requests with its trim(): at
-/// its next allocate() or from the ledger's background thread. The returned
-/// allocator then forwards to the pool and unregisters it before destroying it.
-Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& config,
-                                                    std::shared_ptr<Device> device);
-
-/// The pool of config.mode over `device`.
-Expected<std::unique_ptr<Allocator>> make_allocator(const Config& config,
-                                                    std::shared_ptr<Device> device);
 
 }  // namespace tidepool

@@ -13,9 +13,6 @@
 #include <utility>
 
 #include "tidepool/units.hpp"
-#ifdef TIDEPOOL_HAVE_CUDA
-#include "tidepool/cuda_device.hpp"
-#endif
 
 extern char** environ;  // POSIX: the process environment, for spotting misspelt names
 
@@ -337,8 +334,7 @@ Status read_mode(const Environment& env, Config& config) {
   return {};
 }
 
-Status read_device(const Environment& env, Config& config) {
-  config.device.value = default_device_kind();
+Status read_device(const Environment& env, Config& config) {  // the default set by the caller
   if (auto text = env.get("TIDEPOOL_DEVICE")) {
     const std::string word = lower(trim(*text));
     if (word == "host") config.device = {DeviceKind::host, "TIDEPOOL_DEVICE", *text};
@@ -588,24 +584,6 @@ std::string_view device_kind_name(DeviceKind kind) noexcept {
   return kind == DeviceKind::cuda ? "cuda" : "host";
 }
 
-DeviceKind default_device_kind() {
-#ifdef TIDEPOOL_HAVE_CUDA
-  return cuda_availability().available() ? DeviceKind::cuda : DeviceKind::host;
-#else
-  return DeviceKind::host;
-#endif
-}
-
-std::string default_device_reason() {
-#ifdef TIDEPOOL_HAVE_CUDA
-  const CudaAvailability cuda = cuda_availability();
-  if (cuda.available()) return "a CUDA device is present";
-  return "no CUDA device: " + cuda.reason;
-#else
-  return "this build has no CUDA device";
-#endif
-}
-
 std::size_t Quota::resolve(std::size_t device_total) const noexcept {
   if (bytes != 0) return bytes;
   return static_cast<std::size_t>(static_cast<long double>(device_total) * fraction);
@@ -632,9 +610,10 @@ std::size_t Config::bytes_limit(std::size_t device_total) const noexcept {
                                   static_cast<long double>(mem_fraction.value));
 }
 
-Expected<Config> Config::from_env(const GetEnv& getenv) {
+Expected<Config> Config::from_env(const GetEnv& getenv, DeviceKind default_device) {
   const Environment env(getenv);
   Config config;
+  config.device.value = default_device;
   for (auto read : {read_preallocate, read_mem_fraction, read_mode, read_device, read_sharing}) {
     if (Status status = read(env, config); !status) return std::move(status).error();
   }
@@ -642,8 +621,8 @@ Expected<Config> Config::from_env(const GetEnv& getenv) {
   return config;
 }
 
-Expected<Config> Config::from_env() {
-  auto config = from_env([](const char* name) -> const char* { return std::getenv(name); });
+Expected<Config> Config::from_env(DeviceKind default_device) {
+  auto config = from_env([](const char* name) -> const char* { return std::getenv(name); }, default_device);
   if (!config) return config;
   // A misspelt tidepool variable would otherwise be ignored without a word.
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {

@@ -13,6 +13,7 @@
 
 #include "tidepool/device_adaptors.hpp"
 #include "tidepool/host_device.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/trace_io.hpp"
 #include "tidepool/units.hpp"
 

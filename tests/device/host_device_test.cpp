@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool {

@@ -16,6 +16,7 @@
 
 #include "soak/soak_workload.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
 namespace {

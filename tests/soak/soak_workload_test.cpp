@@ -13,6 +13,7 @@
 
 #include "soak/soak_workload.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/stack.hpp"
 
 namespace tidepool::soak {
 namespace {

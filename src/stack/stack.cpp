@@ -3,12 +3,13 @@
 #include <string>
 #include <utility>
 
-#include "config/ledger_stack.hpp"
+#include "stack/ledger_stack.hpp"
 #include "tidepool/best_fit_pool.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/passthrough_pool.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 #ifdef TIDEPOOL_HAVE_CUDA
 #include "tidepool/async_pool.hpp"

@@ -10,10 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "config/ledger_stack.hpp"
+#include "stack/ledger_stack.hpp"
 #include "share/ledger_test_support.hpp"
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/sleep.hpp"
+#include "tidepool/stack.hpp"
 
 namespace tidepool::test {
 namespace {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "tidepool/config.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool {

@@ -8,6 +8,7 @@
 #include "tidepool/config.hpp"
 #ifdef TIDEPOOL_HAVE_CUDA
 #include "tidepool/cuda_device.hpp"
+#include "tidepool/stack.hpp"
 #endif
 
 namespace tidepool {

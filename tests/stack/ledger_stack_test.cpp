@@ -16,6 +16,7 @@
 #include "tidepool/config.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/ledger.hpp"
+#include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool {

@@ -1,6 +1,6 @@
 // The cross-process ledger in the stack: the device decorator with the
 // process's quota, and the pool's trim as the process's answer to others.
-#include "config/ledger_stack.hpp"
+#include "stack/ledger_stack.hpp"
 
 #include <string>
 #include <utility>

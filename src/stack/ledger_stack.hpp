@@ -7,6 +7,7 @@
 #include "tidepool/allocator.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/ledger.hpp"
+#include "tidepool/stack.hpp"
 
 namespace tidepool {
 

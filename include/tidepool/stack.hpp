@@ -1,0 +1,68 @@
+// The stack: the one path to memory, device -> decorators -> pool, built
+// from a Config. The command, the bindings, the replay engine and `tidepool
+// run --pool` all build theirs here.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tidepool/allocator.hpp"
+#include "tidepool/config.hpp"
+#include "tidepool/device.hpp"
+#include "tidepool/error.hpp"
+
+namespace tidepool {
+
+/// The device used when TIDEPOOL_DEVICE is unset: cuda when a CUDA device is
+/// present in this build, else host. (Config::from_env() passes it.)
+DeviceKind default_device_kind();
+/// Why default_device_kind() chose its device, for `tidepool info`: "a CUDA
+/// device is present", "no CUDA device: <why>" or "this build has no CUDA device".
+std::string default_device_reason();
+
+/// The device of the configuration with its decorators: a HostDevice of
+/// host_capacity, or the CUDA device; then the ledger when enabled.
+Expected<std::shared_ptr<Device>> make_device(const Config& config);
+
+/// The ledger segment the configuration names for the device the
+/// configuration builds (TIDEPOOL_LEDGER_NAME, else the device's own name
+/// for this user, or group with TIDEPOOL_LEDGER_MODE=group), found without
+/// registering anywhere: what `tidepool ledger` and Python's ledger() read,
+/// and what the stack joins. Errors: those of building the bare device.
+Expected<std::string> configured_ledger_name(const Config& config);
+/// The same for the device of id `device_id`.
+std::string configured_ledger_name(const Config& config, std::string_view device_id);
+
+/// `device` guarded by the cross-process ledger of its id, this process
+/// registered with config.quota resolved against the device's total and
+/// config.ledger_mode for a new segment; what make_device does when
+/// config.ledger is on. Errors: those of LedgerDevice::create, the quota's
+/// naming TIDEPOOL_QUOTA.
+Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
+                                                     std::shared_ptr<Device> device);
+
+/// Whether make_allocator(mode, ...) can build its pool over `device` in this
+/// build: unsupported, with the reason, when it cannot (e.g. expandable on a
+/// device without virtual memory, cuda_async without the CUDA device).
+Status mode_supported(Mode mode, const Device& device);
+
+/// The pool of `mode` over `device`, with the settings of `config` (bytes
+/// limit, release threshold, preallocation). The one way to build a pool: the
+/// stack builder and the replay engine both use it. Errors: unsupported when
+/// the mode is not available in this build or on this device; out_of_memory
+/// when preallocation cannot get its region.
+///
+/// Over a LedgerDevice (anywhere below `device`), the pool reports its cached
+/// free bytes to the ledger and, unless it preallocates (it never gives
+/// memory back), answers other processes' trim requests with its trim(): at
+/// its next allocate() or from the ledger's background thread. The returned
+/// allocator then forwards to the pool and unregisters it before destroying it.
+Expected<std::unique_ptr<Allocator>> make_allocator(Mode mode, const Config& config,
+                                                    std::shared_ptr<Device> device);
+
+/// The pool of config.mode over `device`.
+Expected<std::unique_ptr<Allocator>> make_allocator(const Config& config,
+                                                    std::shared_ptr<Device> device);
+
+}  // namespace tidepool
