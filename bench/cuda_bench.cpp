@@ -21,6 +21,7 @@
 #include "tidepool/async_pool.hpp"
 #include "tidepool/best_fit_pool.hpp"
 #include "tidepool/cuda_device.hpp"
+#include "tidepool/device_adaptors.hpp"
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/passthrough_pool.hpp"
 #include "tidepool/units.hpp"
@@ -97,14 +98,14 @@ void pool_pairs(benchmark::State& state, Allocator* pool, std::size_t bytes) {
 std::vector<std::pair<std::string, std::unique_ptr<Allocator>>> make_pools(std::shared_ptr<CudaDevice> device) {
   const std::size_t limit = device->mem_info().total_bytes / 4;
   std::vector<std::pair<std::string, std::unique_ptr<Allocator>>> pools;
-  pools.emplace_back("platform", std::make_unique<PassthroughPool>(device, limit));
+  // Each pool over the device limited as the stack limits it (cuda_async keeps its own limit).
+  const auto limited = [&] { return std::make_shared<LimitDevice>(device, limit); };
+  pools.emplace_back("platform", std::make_unique<PassthroughPool>(limited()));
   for (bool preallocate : {true, false}) {
-    auto pool = BestFitPool::create(device, {.bytes_limit = limit, .preallocate = preallocate});
+    auto pool = BestFitPool::create(limited(), {.preallocate = preallocate});
     if (pool) pools.emplace_back(preallocate ? "preallocate" : "growth", std::move(*pool));
   }
-  ExpandableOptions expandable;
-  expandable.bytes_limit = limit;
-  if (auto pool = ExpandablePool::create(device, expandable)) pools.emplace_back("expandable", std::move(*pool));
+  if (auto pool = ExpandablePool::create(limited())) pools.emplace_back("expandable", std::move(*pool));
   AsyncPoolOptions async;
   async.bytes_limit = limit;
   if (auto pool = AsyncPool::create(device, async)) pools.emplace_back("cuda_async", std::move(*pool));

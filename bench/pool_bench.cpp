@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tidepool/best_fit_pool.hpp"
+#include "tidepool/device_adaptors.hpp"
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/passthrough_pool.hpp"
@@ -67,18 +68,16 @@ std::shared_ptr<Device> bench_device() {
 Allocator* pool_of(Kind kind) {
   static std::unique_ptr<Allocator> pools[5];
   static const bool made = [] {
-    pools[static_cast<int>(Kind::platform)] = std::make_unique<PassthroughPool>(bench_device(), 4 * GiB);
+    const auto limited = [] { return std::make_shared<LimitDevice>(bench_device(), 4 * GiB); };
+    pools[static_cast<int>(Kind::platform)] = std::make_unique<PassthroughPool>(limited());
     for (bool preallocate : {true, false}) {
       BestFitOptions options;
-      options.bytes_limit = 4 * GiB;
       options.preallocate = preallocate;
-      auto pool = BestFitPool::create(bench_device(), options);
+      auto pool = BestFitPool::create(limited(), options);
       if (!pool) throw Exception(pool.error());
       pools[static_cast<int>(preallocate ? Kind::preallocate : Kind::growth)] = std::move(pool).value();
     }
-    ExpandableOptions options;
-    options.bytes_limit = 4 * GiB;
-    auto pool = ExpandablePool::create(bench_device(), options);
+    auto pool = ExpandablePool::create(limited());
     if (!pool) throw Exception(pool.error());
     pools[static_cast<int>(Kind::expandable)] = std::move(pool).value();
     return true;

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "tidepool/device_adaptors.hpp"
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/units.hpp"
@@ -52,9 +53,7 @@ struct Tagged {
   std::vector<void*> blocks;
 
   Tagged(std::shared_ptr<Device> device_in, std::size_t bytes) : device(std::move(device_in)) {
-    ExpandableOptions options;
-    options.bytes_limit = bytes + 16 * MiB;
-    pool = ExpandablePool::create(device, options).value();
+    pool = ExpandablePool::create(std::make_shared<LimitDevice>(device, bytes + 16 * MiB)).value();
     std::vector<unsigned char> pattern(kBlockBytes);
     for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<unsigned char>(i * 131 >> 4);
     auto scope = pool->tag("bench").value();

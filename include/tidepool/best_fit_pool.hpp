@@ -10,12 +10,12 @@
 
 namespace tidepool {
 
+/// The pool takes at most its device's total: a limit below the device's
+/// (JAX: XLA_CLIENT_MEM_FRACTION x total) is a LimitDevice under it, as the
+/// stack composes it.
 struct BestFitOptions {
-  /// The most the pool takes from the device; 0 means the device's total.
-  /// JAX: XLA_CLIENT_MEM_FRACTION x total.
-  std::size_t bytes_limit = 0;
-  /// Take one region of bytes_limit at creation (JAX's default) instead of
-  /// growing region by region (XLA_PYTHON_CLIENT_PREALLOCATE=false).
+  /// Take one region of the device's total at creation (JAX's default)
+  /// instead of growing region by region (XLA_PYTHON_CLIENT_PREALLOCATE=false).
   bool preallocate = false;
 };
 

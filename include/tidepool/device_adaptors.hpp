@@ -31,6 +31,9 @@ class LimitDevice final : public DeviceAdaptor {
   Status free(void* ptr, std::size_t bytes) override;
   /// out_of_memory naming the limit when bytes would pass it.
   Expected<PhysicalHandle> create(std::size_t bytes) override;
+  /// One request upstream, as the caller made it (a ledger below reserves
+  /// the whole at once); out_of_memory when the whole would pass the limit.
+  Expected<std::vector<PhysicalHandle>> create_many(std::size_t bytes_each, std::size_t count) override;
   Status release(PhysicalHandle handle, std::size_t bytes) override;
   /// total = min(limit, upstream total); free = min(upstream free, limit - held).
   MemInfo mem_info() const override;

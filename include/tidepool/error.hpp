@@ -41,9 +41,10 @@ enum class OomAdvice : std::uint8_t {
 };
 
 /// The caller's names for the settings an OOM's advice is about. The
-/// defaults are the C++ API's (the options a pool is created with).
+/// defaults are the C++ API's (a pool's limit is its device's, a LimitDevice
+/// under it when smaller).
 struct OomWords {
-  std::string limit = "bytes_limit";                        // empty: no advice about the limit
+  std::string limit = "the pool's LimitDevice";             // empty: no advice about the limit
   std::string grow_on_demand = "BestFitOptions::preallocate = false";
   std::string expandable = "ExpandablePool";
 };

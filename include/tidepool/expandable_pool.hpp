@@ -23,8 +23,6 @@ struct ExpandableOptions {
   /// Never release automatically: only trim() (or a ledger's trim request) does.
   static constexpr std::size_t kKeepAll = std::numeric_limits<std::size_t>::max();
 
-  /// The most physical memory the pool maps; 0 means the device's total.
-  std::size_t bytes_limit = 0;
   /// Requests below this are packed side by side in a part of the address
   /// space of their own, so that small long-lived blocks never pin granules in
   /// the middle of large freed ones. PyTorch's small/large pool split is also

@@ -10,8 +10,8 @@ namespace tidepool {
 
 class PassthroughPool final : public Allocator {
  public:
-  /// bytes_limit: the most held at once; 0 means the device's total.
-  explicit PassthroughPool(std::shared_ptr<Device> device, std::size_t bytes_limit = 0);
+  /// It holds at most the device's total (a LimitDevice under it sets less).
+  explicit PassthroughPool(std::shared_ptr<Device> device);
   ~PassthroughPool() override;
   // Allocator: see allocator.hpp.
   std::string_view name() const override { return "platform"; }

@@ -1,4 +1,4 @@
-// The stack: the one path to memory, device -> decorators -> pool, built
+// The stack: the one path to memory, device -> ledger -> limit -> pool, built
 // from a Config. The command, the bindings, the replay engine and `tidepool
 // run --pool` all build theirs here.
 #pragma once

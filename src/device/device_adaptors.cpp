@@ -75,6 +75,15 @@ Expected<PhysicalHandle> LimitDevice::create(std::size_t bytes) {
   return handle;
 }
 
+Expected<std::vector<PhysicalHandle>> LimitDevice::create_many(std::size_t bytes_each, std::size_t count) {
+  std::size_t total = 0;
+  if (__builtin_mul_overflow(bytes_each, count, &total)) total = std::numeric_limits<std::size_t>::max();
+  if (!try_take(total)) return over_limit(total);
+  Expected<std::vector<PhysicalHandle>> handles = upstream().create_many(bytes_each, count);
+  if (!handles) held_bytes_.fetch_sub(total, std::memory_order_relaxed);
+  return handles;
+}
+
 Status LimitDevice::release(PhysicalHandle handle, std::size_t bytes) {
   Status released = upstream().release(handle, bytes);
   if (released) held_bytes_.fetch_sub(bytes, std::memory_order_relaxed);

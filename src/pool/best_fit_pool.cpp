@@ -116,10 +116,10 @@ Error BestFitPool::State::out_of_memory(std::size_t requested, std::size_t round
 
 Expected<std::unique_ptr<BestFitPool>> BestFitPool::create(std::shared_ptr<Device> device, BestFitOptions options) {
   if (!device) return Error(Errc::invalid_argument, "BestFitPool::create: device is null");
-  std::size_t limit = options.bytes_limit != 0 ? options.bytes_limit : device->mem_info().total_bytes;
-  limit = limit / pool::kChunkGranule * pool::kChunkGranule;
+  // The limit is the device's: a LimitDevice under the pool sets a smaller one.
+  const std::size_t limit = device->mem_info().total_bytes / pool::kChunkGranule * pool::kChunkGranule;
   if (limit == 0) {
-    return Error(Errc::invalid_argument, "BestFitPool::create: bytes_limit " + std::to_string(options.bytes_limit) +
+    return Error(Errc::invalid_argument, "BestFitPool::create: " + device->description() +
                                              " leaves no room for a 256-byte block");
   }
   auto state = std::make_unique<State>(std::move(device), options.preallocate, limit);

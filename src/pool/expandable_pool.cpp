@@ -478,12 +478,11 @@ Expected<std::unique_ptr<ExpandablePool>> ExpandablePool::create(std::shared_ptr
                                         " has no virtual memory calls (reserve/create/map)");
   }
   const std::size_t granule = device->granularity();
-  std::size_t limit = options.bytes_limit != 0 ? options.bytes_limit : device->mem_info().total_bytes;
-  limit = limit / granule * granule;
+  // The most it maps is the device's total: a LimitDevice under the pool sets a smaller one.
+  const std::size_t limit = device->mem_info().total_bytes / granule * granule;
   if (limit == 0) {
-    return Error(Errc::invalid_argument, "ExpandablePool::create: bytes_limit " +
-                                             std::to_string(options.bytes_limit) + " is less than one " +
-                                             format_bytes(granule) + " granule of " + device->description());
+    return Error(Errc::invalid_argument, "ExpandablePool::create: " + device->description() +
+                                             " has less than one " + format_bytes(granule) + " granule");
   }
   if (limit / granule >= pool::kNoGranule / (kSmallSpaceShares + kLargeSpaceShares + 1)) {
     return Error(Errc::invalid_argument, "ExpandablePool::create: bytes_limit " + format_bytes(limit) +

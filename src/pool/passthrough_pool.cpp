@@ -25,9 +25,9 @@ struct PassthroughPool::State {
   pool::UsageCounters usage;
 };
 
-PassthroughPool::PassthroughPool(std::shared_ptr<Device> device, std::size_t bytes_limit)
+PassthroughPool::PassthroughPool(std::shared_ptr<Device> device)
     : device_(std::move(device)), state_(std::make_unique<State>()) {
-  state_->bytes_limit = bytes_limit != 0 ? bytes_limit : device_->mem_info().total_bytes;
+  state_->bytes_limit = device_->mem_info().total_bytes;
 }
 
 PassthroughPool::~PassthroughPool() {

@@ -6,6 +6,7 @@
 #include "stack/ledger_stack.hpp"
 #include "tidepool/best_fit_pool.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/device_adaptors.hpp"
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/passthrough_pool.hpp"
@@ -116,11 +117,15 @@ Expected<std::unique_ptr<Allocator>> make_pool(Mode mode, const Config& config,
                  config.mem_fraction.source + "='" + config.mem_fraction.text + "' leaves 0 bytes of the " +
                      format_bytes(device->mem_info().total_bytes) + " device; allowed: a larger fraction");
   }
+  // The fraction's limit is a decorator under the pool (not for platform,
+  // which XLA does not bound, nor cuda_async, whose memory the driver's own
+  // pool takes around the device: it keeps the limit itself).
+  if (mode == Mode::preallocate || mode == Mode::growth || mode == Mode::expandable)
+    device = std::make_shared<LimitDevice>(std::move(device), bytes_limit);
   switch (mode) {
     case Mode::preallocate:
     case Mode::growth: {
       BestFitOptions options;
-      options.bytes_limit = bytes_limit;
       options.preallocate = mode == Mode::preallocate;
       auto pool = BestFitPool::create(std::move(device), options);
       if (!pool) return std::move(pool).error();
@@ -147,7 +152,6 @@ Expected<std::unique_ptr<Allocator>> make_pool(Mode mode, const Config& config,
     }
     case Mode::expandable: {
       ExpandableOptions options;
-      options.bytes_limit = bytes_limit;
       if (config.release_threshold.value) options.release_threshold = *config.release_threshold.value;
       options.idle_release = config.idle_release.value;
       auto pool = ExpandablePool::create(std::move(device), options);

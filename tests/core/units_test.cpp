@@ -62,13 +62,14 @@ TEST(Error, AnOomsAdviceIsWordedInTheCallersNames) {
   OomReport report{.requested_bytes = 1024, .hint = "the pool is at its limit of 1.00 KiB"};
   report.advice = OomAdvice::free_or_raise_limit;
   const Error oom = Error::out_of_memory("growth pool", report);
-  EXPECT_NE(oom.message().find("at its limit of 1.00 KiB; free memory, or raise bytes_limit"), std::string::npos)
+  EXPECT_NE(oom.message().find("at its limit of 1.00 KiB; free memory, or raise the pool's LimitDevice"),
+            std::string::npos)
       << oom.message();
   OomWords keys;
   keys.limit = "mem_fraction";
   const Error worded = oom.worded(keys);
   EXPECT_NE(worded.message().find("; free memory, or raise mem_fraction"), std::string::npos) << worded.message();
-  EXPECT_EQ(worded.message().find("bytes_limit"), std::string::npos) << worded.message();
+  EXPECT_EQ(worded.message().find("LimitDevice"), std::string::npos) << worded.message();
   EXPECT_EQ(worded.message().substr(0, 12), "growth pool:");
   ASSERT_NE(worded.oom(), nullptr);
   EXPECT_EQ(worded.oom()->hint, report.hint);  // the facts, unworded

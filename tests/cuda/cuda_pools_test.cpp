@@ -10,6 +10,7 @@
 
 #include "cuda/cuda_test_support.hpp"
 #include "tidepool/best_fit_pool.hpp"
+#include "tidepool/device_adaptors.hpp"
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/passthrough_pool.hpp"
 #include "tidepool/units.hpp"
@@ -32,18 +33,16 @@ std::string kind_name(const ::testing::TestParamInfo<Kind>& info) {
 class CudaPoolTest : public CudaTest, public ::testing::WithParamInterface<Kind> {
  protected:
   std::unique_ptr<Allocator> pool(std::size_t bytes_limit) {
-    if (GetParam() == Kind::platform) return std::make_unique<PassthroughPool>(device_, bytes_limit);
+    auto limited = std::make_shared<LimitDevice>(device_, bytes_limit);  // as the stack limits a pool
+    if (GetParam() == Kind::platform) return std::make_unique<PassthroughPool>(limited);
     if (GetParam() == Kind::expandable) {
-      ExpandableOptions options;
-      options.bytes_limit = bytes_limit;
-      Expected<std::unique_ptr<ExpandablePool>> made = ExpandablePool::create(device_, options);
+      Expected<std::unique_ptr<ExpandablePool>> made = ExpandablePool::create(limited);
       if (!made) throw Exception(made.error());
       return std::move(made).value();
     }
     BestFitOptions options;
-    options.bytes_limit = bytes_limit;
     options.preallocate = GetParam() == Kind::preallocate;
-    Expected<std::unique_ptr<BestFitPool>> made = BestFitPool::create(device_, options);
+    Expected<std::unique_ptr<BestFitPool>> made = BestFitPool::create(limited, options);
     if (!made) throw Exception(made.error());
     return std::move(made).value();
   }
@@ -140,9 +139,8 @@ INSTANTIATE_TEST_SUITE_P(Pools, CudaPoolTest,
 class CudaExpandableTest : public CudaTest {};
 
 TEST_F(CudaExpandableTest, StitchedBlockHoldsDataAndSurvivorsAreIntact) {
-  ExpandableOptions options;
-  options.bytes_limit = 512 * MiB;
-  Expected<std::unique_ptr<ExpandablePool>> made = ExpandablePool::create(device_, options);
+  Expected<std::unique_ptr<ExpandablePool>> made =
+      ExpandablePool::create(std::make_shared<LimitDevice>(device_, 512 * MiB));
   ASSERT_TRUE(made) << made.error().message();
   ExpandablePool& pool = **made;
   // All 32 first, then every other one freed: a block freed at once would

@@ -13,8 +13,7 @@ namespace {
 std::unique_ptr<BestFitPool> best_fit(std::shared_ptr<Device> device, bool preallocate, std::size_t bytes_limit) {
   BestFitOptions options;
   options.preallocate = preallocate;
-  options.bytes_limit = bytes_limit;
-  auto pool = BestFitPool::create(std::move(device), options);
+  auto pool = BestFitPool::create(limited(std::move(device), bytes_limit), options);
   if (!pool) throw Exception(pool.error());
   return std::move(pool).value();
 }
@@ -200,13 +199,16 @@ TEST(BestFitPool, PreallocateTakesTheWholeLimitAtCreation) {
 
 TEST(BestFitPool, PreallocateFailsCleanlyWhenTheDeviceIsTooSmall) {
   auto device = host_device(1 * GiB);
+  Expected<void*> theirs = device->allocate(512 * MiB);  // another allocator's
+  ASSERT_TRUE(theirs);
   BestFitOptions options;
   options.preallocate = true;
-  options.bytes_limit = 2 * GiB;
-  auto pool = BestFitPool::create(device, options);
+  auto pool = BestFitPool::create(device, options);  // the device's total: more than is free
   ASSERT_FALSE(pool);
   EXPECT_EQ(pool.error().code(), Errc::out_of_memory);
-  EXPECT_EQ(device->mem_info().free_bytes, 1 * GiB);
+  EXPECT_EQ(pool.error().oom()->advice, OomAdvice::lower_limit);
+  EXPECT_EQ(device->mem_info().free_bytes, 512 * MiB);
+  ASSERT_TRUE(device->free(*theirs, 512 * MiB));
 }
 
 TEST(BestFitPool, LimitDefaultsToTheDeviceTotal) {

@@ -276,7 +276,7 @@ TEST(ExpandablePool, NeedsVirtualMemory) {
   EXPECT_EQ(pool.error().code(), Errc::unsupported);
   EXPECT_NE(pool.error().message().find("no virtual memory"), std::string::npos);
 
-  auto tiny = ExpandablePool::create(host_device(64 * MiB), {.bytes_limit = 1 * MiB});
+  auto tiny = ExpandablePool::create(limited(host_device(64 * MiB), 1 * MiB));
   ASSERT_FALSE(tiny);
   EXPECT_EQ(tiny.error().code(), Errc::invalid_argument);
   EXPECT_NE(tiny.error().message().find("less than one 2.00 MiB granule"), std::string::npos)

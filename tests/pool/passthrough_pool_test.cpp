@@ -42,7 +42,7 @@ TEST(PassthroughPool, LimitDefaultsToTheDeviceTotal) {
 }
 
 TEST(PassthroughPool, LimitIsEnforcedOnBytesInUse) {
-  PassthroughPool pool(host_device(1 * GiB), 1 * MiB);
+  PassthroughPool pool(limited(host_device(1 * GiB), 1 * MiB));
   Expected<void*> a = pool.allocate(768 * KiB);
   ASSERT_TRUE(a);
   Expected<void*> b = pool.allocate(512 * KiB);
@@ -57,13 +57,16 @@ TEST(PassthroughPool, LimitIsEnforcedOnBytesInUse) {
 
 TEST(PassthroughPool, DeviceShortOomSaysSo) {
   auto device = host_device(16 * MiB);
-  PassthroughPool pool(device, 1 * GiB);
-  Expected<void*> big = pool.allocate(32 * MiB);
+  Expected<void*> theirs = device->allocate(12 * MiB);  // another allocator's
+  ASSERT_TRUE(theirs);
+  PassthroughPool pool(device);
+  Expected<void*> big = pool.allocate(8 * MiB);
   ASSERT_FALSE(big);
   ASSERT_EQ(big.error().code(), Errc::out_of_memory);
-  EXPECT_NE(big.error().oom()->hint.find("the device has only 16.0 MiB free"), std::string::npos)
+  EXPECT_NE(big.error().oom()->hint.find("the device has only 4.00 MiB free"), std::string::npos)
       << big.error().oom()->hint;
   EXPECT_EQ(pool.stats().num_ooms, 1);
+  ASSERT_TRUE(device->free(*theirs, 12 * MiB));
 }
 
 TEST(PassthroughPool, DumpListsLiveBlocks) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tidepool/best_fit_pool.hpp"
+#include "tidepool/device_adaptors.hpp"
 #include "tidepool/expandable_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/passthrough_pool.hpp"
@@ -77,18 +78,23 @@ inline std::string pool_kind_name(PoolKind kind) {
 }
 
 /// A pool of `kind` over `device`, limited to `bytes_limit` (0: the device's total).
+/// `device` limited to `bytes_limit` bytes (0: as it is), as the stack
+/// limits a pool to its memory fraction.
+inline std::shared_ptr<Device> limited(std::shared_ptr<Device> device, std::size_t bytes_limit) {
+  if (bytes_limit == 0) return device;
+  return std::make_shared<LimitDevice>(std::move(device), bytes_limit);
+}
+
 inline std::unique_ptr<Allocator> make_pool(PoolKind kind, std::shared_ptr<Device> device,
                                             std::size_t bytes_limit) {
-  if (kind == PoolKind::platform) return std::make_unique<PassthroughPool>(std::move(device), bytes_limit);
+  device = limited(std::move(device), bytes_limit);
+  if (kind == PoolKind::platform) return std::make_unique<PassthroughPool>(std::move(device));
   if (kind == PoolKind::expandable) {
-    ExpandableOptions options;
-    options.bytes_limit = bytes_limit;
-    auto pool = ExpandablePool::create(std::move(device), options);
+    auto pool = ExpandablePool::create(std::move(device));
     if (!pool) throw Exception(pool.error());
     return std::move(pool).value();
   }
   BestFitOptions options;
-  options.bytes_limit = bytes_limit;
   options.preallocate = kind == PoolKind::preallocate;
   auto pool = BestFitPool::create(std::move(device), options);
   if (!pool) throw Exception(pool.error());

@@ -265,9 +265,7 @@ TEST(Sleep, BlocksFreedWhileAsleepAreNotWoken) {
 
 TEST(Sleep, AWakeStaysUnderThePoolsLimit) {
   auto device = host_device(1 * GiB);
-  ExpandableOptions options;
-  options.bytes_limit = 64 * MiB;
-  auto pool = ExpandablePool::create(device, options).value();
+  auto pool = ExpandablePool::create(limited(device, 64 * MiB)).value();
   std::vector<Block> model;
   {
     auto scope = pool->tag("model").value();

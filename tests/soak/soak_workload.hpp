@@ -188,8 +188,10 @@ class PauseGate {
 
 class Soak {
  public:
-  Soak(Allocator& allocator, std::size_t device_free_before, const SoakOptions& options)
-      : allocator_(allocator), device_free_before_(device_free_before), options_(options),
+  /// `device`: the one the pool was built over (decorators the stack put
+  /// under the pool, such as its limit, may report free bytes of their own).
+  Soak(Allocator& allocator, const Device& device, std::size_t device_free_before, const SoakOptions& options)
+      : allocator_(allocator), device_(device), device_free_before_(device_free_before), options_(options),
         threads_(std::max(1u, options.threads)) {}
 
   void violation(ViolationKind kind, std::string detail) {
@@ -458,7 +460,7 @@ class Soak {
   // it may be more: the pass-through pool counts each block rounded to 256
   // bytes, as the other pools do, while the device rounds it to a page.)
   void check_device(const Stats& s, const char* when, bool exact) {
-    const std::size_t free_now = allocator_.device().mem_info().free_bytes;
+    const std::size_t free_now = device_.mem_info().free_bytes;
     const auto held = static_cast<std::int64_t>(device_free_before_) - static_cast<std::int64_t>(free_now);
     result_.peak_device_bytes = std::max(result_.peak_device_bytes, static_cast<std::size_t>(std::max<std::int64_t>(held, 0)));
     if (exact ? held != s.bytes_reserved : held < s.bytes_reserved) {
@@ -486,6 +488,7 @@ class Soak {
   }
 
   Allocator& allocator_;
+  const Device& device_;
   const std::size_t device_free_before_;
   const SoakOptions options_;
   std::vector<Worker> threads_;
@@ -518,7 +521,7 @@ inline SoakResult run_soak(const std::shared_ptr<Device>& device, const PoolFact
     result.violations.push_back({ViolationKind::unexpected_error, "the pool: " + pool.error().message()});
     return result;
   }
-  detail::Soak soak(**pool, free_before, options);
+  detail::Soak soak(**pool, *device, free_before, options);
   soak.run();
   pool->reset();
   soak.check_device_after_destruction(*device);

@@ -13,7 +13,9 @@
 #include <string>
 #include <thread>
 
+#include "stack/ledger_stack.hpp"
 #include "tidepool/config.hpp"
+#include "tidepool/device_adaptors.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/ledger.hpp"
 #include "tidepool/stack.hpp"
@@ -236,7 +238,11 @@ TEST(LedgerStack, WithoutTheLedgerNoDecoratorAndNoWrapper) {
   Config config = load_ok({{"TIDEPOOL_ALLOCATOR", "growth"}});
   auto pool = make_allocator(config, host.device()).value();
   EXPECT_EQ(pool->name(), "growth");
-  EXPECT_NE(dynamic_cast<HostDevice*>(&pool->device()), nullptr);
+  // The pool's device is the host device limited to the fraction: no ledger under it.
+  auto* limit = dynamic_cast<LimitDevice*>(&pool->device());
+  ASSERT_NE(limit, nullptr);
+  EXPECT_NE(dynamic_cast<HostDevice*>(&limit->upstream()), nullptr);
+  EXPECT_EQ(find_ledger_device(pool->device()), nullptr);
   EXPECT_EQ(Ledger::open_existing(host.segment()).error().code(), Errc::io_error);
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "tidepool/best_fit_pool.hpp"
+#include "tidepool/device_adaptors.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/units.hpp"
 
@@ -17,9 +18,8 @@ int main() {
     std::fprintf(stderr, "consumer: %s\n", device.error().message().c_str());
     return 1;
   }
-  BestFitOptions pool_options;
-  pool_options.bytes_limit = 256 * MiB;
-  auto pool = BestFitPool::create(*device, pool_options);
+  // A limit below the device's: the pool over a LimitDevice.
+  auto pool = BestFitPool::create(std::make_shared<LimitDevice>(*device, 256 * MiB), BestFitOptions{});
   if (!pool) {
     std::fprintf(stderr, "consumer: %s\n", pool.error().message().c_str());
     return 1;
