@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 
+#include "stack/config_vars.hpp"
 #include "tidepool/config.hpp"
 #ifdef TIDEPOOL_HAVE_CUDA
 #include "tidepool/cuda_device.hpp"
@@ -16,11 +17,8 @@ namespace {
 
 #ifdef TIDEPOOL_HAVE_CUDA
 
-Config load(const std::map<std::string, std::string>& variables) {
-  Expected<Config> config = Config::from_env([&](const char* name) -> const char* {
-    auto found = variables.find(name);
-    return found == variables.end() ? nullptr : found->second.c_str();
-  });
+Config load(const test::Vars& variables) {
+  Expected<Config> config = test::config_of(variables);
   if (!config) throw Exception(config.error());
   return std::move(config).value();
 }

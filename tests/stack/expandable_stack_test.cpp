@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "stack/config_vars.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
@@ -19,10 +20,7 @@ namespace {
 Config load(std::map<std::string, std::string> vars) {
   vars.emplace("TIDEPOOL_DEVICE", "host");
   vars.emplace("TIDEPOOL_HOST_CAPACITY", "1GiB");
-  auto config = Config::from_env([&](const char* name) -> const char* {
-    auto found = vars.find(name);
-    return found == vars.end() ? nullptr : found->second.c_str();
-  });
+  auto config = test::config_of(vars);
   if (!config) throw Exception(config.error());
   return *config;
 }

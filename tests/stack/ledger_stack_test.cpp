@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "stack/config_vars.hpp"
 #include "stack/ledger_stack.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/device_adaptors.hpp"
@@ -25,23 +26,15 @@ namespace tidepool {
 namespace {
 
 using namespace std::chrono_literals;
-using Vars = std::map<std::string, std::string>;
+using test::Vars;
 
 Config load_ok(const Vars& vars) {
-  auto config = Config::from_env([&vars](const char* name) -> const char* {
-    auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  });
+  auto config = test::config_of(vars);
   EXPECT_TRUE(config) << config.error().message();
   return config ? *config : Config{};
 }
 
-Expected<Config> load(const Vars& vars) {
-  return Config::from_env([&vars](const char* name) -> const char* {
-    auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  });
-}
+Expected<Config> load(const Vars& vars) { return test::config_of(vars); }
 
 // A host device with a name no other test uses, so its ledger segment is its
 // own; the segment is unlinked at the end.

@@ -9,19 +9,17 @@
 #include <string>
 #include <utility>
 
+#include "stack/config_vars.hpp"
 #include "tidepool/config.hpp"
 #include "tidepool/units.hpp"
 
 namespace tidepool {
 namespace {
 
-using Vars = std::map<std::string, std::string>;
+using test::Vars;
 
 Config load_ok(const Vars& vars) {
-  auto config = Config::from_env([&vars](const char* name) -> const char* {
-    auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  });
+  auto config = test::config_of(vars);
   EXPECT_TRUE(config) << config.error().message();
   return config ? *config : Config{};
 }
