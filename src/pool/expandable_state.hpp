@@ -1,0 +1,292 @@
+// ExpandablePool::State, its constants and helpers: what expandable_pool.cpp
+// (placement, backing, stealing, release) and expandable_sleep.cpp (tags,
+// sleep, wake) both work on. Internal; the pool's public face is
+// tidepool/expandable_pool.hpp.
+//
+// ExpandablePool = two best-fit arenas over reserved address space (small
+// requests in one, large in the other) + a granule table saying which
+// granules of that space have physical memory mapped + the device calls that
+// map, steal (stitch), and release granules.
+//
+// A block is carved from address space first; then every granule under it
+// that has no physical memory gets some: a free granule from elsewhere in the
+// pool (unmapped there, mapped here: a stitch), or, when no granule is free,
+// a new one from the device. Free granules stay mapped where they are, so a
+// block freed and asked for again is reused in place with no device call.
+//
+// The granule bookkeeping costs a counter per granule, which for a large
+// block is most of an alloc+free pair (a 64 MiB block spans 33 granules). So
+// the last few large blocks freed are held back, still whole: one asked for
+// again at the same size on the same stream is handed out as it is, and any
+// other request (or stats, trim, a release) first completes their frees.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "pool/best_fit_arena.hpp"
+#include "pool/granule_table.hpp"
+#include "pool/sleep_tags.hpp"
+#include "pool/usage_counters.hpp"
+#include "tidepool/expandable_pool.hpp"
+
+namespace tidepool {
+
+namespace expandable {
+
+using pool::GranuleId;
+using pool::kNoStream;
+
+// Address space reserved per byte of the pool's limit: one share for small
+// blocks, three for large ones. More is reserved only if a part runs out.
+inline constexpr std::size_t kSmallSpaceShares = 1;
+inline constexpr std::size_t kLargeSpaceShares = 3;
+// Free granules up to 1/64 of the mapped ones are kept rather than stolen
+// (see back()): peak reserved stays within ~1.6% of what the blocks span.
+inline constexpr std::size_t kSlackShare = 64;
+// Large blocks whose free is held back (see above). Enough for the large
+// blocks of a layer or two freed and asked for again in the same order.
+inline constexpr std::size_t kHeldBlocks = 16;
+// A sleep or a wake copies this much at a time, overlapped with the
+// unmapping or mapping of the chunk before (a bare copy's speed, not the
+// sum of both).
+inline constexpr std::size_t kCopyChunkBytes = 64 << 20;
+
+inline pool::ArenaOptions arena_options() {
+  // Always split: a chunk's unused tail would otherwise hold physical memory
+  // for nothing. Sizes are multiples of 256, so the tail is 0 or >= 256.
+  pool::ArenaOptions options;
+  options.max_internal_fragmentation_bytes = pool::kChunkGranule;
+  return options;
+}
+
+
+}  // namespace expandable
+
+using expandable::arena_options;
+using pool::GranuleId;
+using pool::kNoStream;
+
+struct ExpandablePool::State {
+  State(std::shared_ptr<Device> device_in, ExpandableOptions options_in, std::size_t limit)
+      : device(std::move(device_in)),
+        options(options_in),
+        granule(device->granularity()),
+        granule_shift(static_cast<unsigned>(std::countr_zero(granule))),
+        bytes_limit(limit),
+        small(*device, arena_options()),
+        large(*device, arena_options()) {
+    held.reserve(expandable::kHeldBlocks);
+  }
+
+  /// A reservation of address space, all of it for one arena.
+  struct Space {
+    std::uintptr_t base = 0;
+    std::size_t bytes = 0;
+    GranuleId first = 0;  // the granule at base
+    bool small = false;
+    pool::TagId tag = pool::kUntagged;  // whose arena it belongs to
+  };
+
+  std::shared_ptr<Device> device;
+  const ExpandableOptions options;
+  const std::size_t granule;
+  const unsigned granule_shift;  // granule is a power of two: a shift, not a division, on the hot path
+  const std::size_t bytes_limit;  // a multiple of granule
+  mutable std::mutex mutex;
+  pool::BestFitArena small;
+  pool::BestFitArena large;
+  std::vector<Space> spaces;
+  pool::GranuleTable granules;
+  std::vector<Stream> freeing_streams;  // every stream a block was freed on
+  /// A block was freed on `stream`: remembered for settling, and the reaper
+  /// woken if it waits for something to release.
+  void note_free(Stream stream) {
+    if (std::find(freeing_streams.begin(), freeing_streams.end(), stream) == freeing_streams.end()) {
+      freeing_streams.push_back(stream);
+    }
+    if (reaper_parked) {
+      reaper_parked = false;
+      reaper_wake.notify_one();
+    }
+  }
+  /// Large blocks freed but held back, oldest first: still allocated in the
+  /// arena, their granules still used. Only while nothing is released after
+  /// each free (release_threshold kKeepAll), so holding back delays nothing.
+  struct Held {
+    void* ptr;
+    std::size_t bytes;
+    Stream stream;
+  };
+  std::vector<Held> held;
+  bool holds_back() const noexcept { return options.release_threshold == ExpandableOptions::kKeepAll; }
+  pool::UsageCounters usage;
+  // Idle release (options.idle_release): allocate and deallocate count their
+  // calls; the reaper thread releases once the count stands still for the
+  // idle time, and parks, waiting for a free, while nothing is cached.
+  std::uint64_t calls = 0;
+  bool reaper_parked = false;
+  bool stopping = false;
+  std::condition_variable reaper_wake;
+  std::thread reaper;
+  void reap();
+  void stop_reaper() {
+    if (!reaper.joinable()) return;
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    reaper_wake.notify_one();
+    reaper.join();
+  }
+  std::int64_t maps = 0, unmaps = 0, stitches = 0;  // releases: usage.num_device_frees
+
+  std::size_t mapped_bytes() const noexcept { return granules.mapped() * granule; }
+  std::size_t free_granule_bytes() const noexcept { return granules.free_count() * granule; }
+  /// Free granules kept before stealing: 1/64 of those mapped.
+  std::size_t slack_granules() const noexcept { return granules.mapped() / expandable::kSlackShare; }
+
+  /// Reserves `bytes` of address space for one arena.
+  Status add_space(std::size_t bytes, bool for_small, pool::TagId tag = pool::kUntagged);
+  const Space* space_of(std::uintptr_t address) const noexcept {
+    for (const Space& space : spaces) {
+      if (address - space.base < space.bytes) return &space;
+    }
+    return nullptr;
+  }
+  GranuleId granule_of(const Space& space, std::uintptr_t address) const noexcept {
+    return space.first + static_cast<GranuleId>((address - space.base) >> granule_shift);
+  }
+  void* address_of(GranuleId id) const noexcept {
+    for (const Space& space : spaces) {
+      if (id - space.first < space.bytes / granule) {
+        return reinterpret_cast<void*>(space.base + (id - space.first) * granule);
+      }
+    }
+    return nullptr;
+  }
+
+  /// Gives every granule under [base, base + bytes) physical memory and one
+  /// more use. On failure every granule is as it was, except that granules
+  /// stolen for it may have moved here (free, still mapped).
+  Status back(const Space& space, std::uintptr_t base, std::size_t bytes, std::size_t requested);
+  /// One use less on every granule under the block, freed on `stream`.
+  void unback(const Space& space, std::uintptr_t base, std::size_t bytes, Stream stream) noexcept;
+  /// Frees a large block in full: in the arena, then its granules.
+  void free_large(const Held& block) noexcept;
+  /// Completes the frees held back, so that every free granule is counted free.
+  void complete_held() noexcept {
+    for (const Held& block : held) free_large(block);
+    held.clear();
+  }
+  /// The free granules, counting those the held-back blocks' frees would
+  /// free: what stats() reports, observed without completing them.
+  std::size_t free_granules_with_held() const;
+  bool is_held(const void* ptr) const noexcept {
+    return std::any_of(held.begin(), held.end(), [ptr](const Held& block) { return block.ptr == ptr; });
+  }
+  /// Waits for the work that may still touch free granule `id`.
+  Status settle(GranuleId id);
+  /// Unmaps free granule `id`; its handle is the caller's to map again or
+  /// release. Steals take the free granule at the highest address (see
+  /// back()), releases the one that has waited longest.
+  Expected<PhysicalHandle> unmap_free(GranuleId id);
+  /// Gives an unmapped granule's handle back to the device. A failed release
+  /// leaves the memory with the device's accounting; the pool no longer holds
+  /// it either way.
+  void release_handle(PhysicalHandle handle) {
+    (void)device->release(handle, granule);
+    usage.released(granule);
+  }
+  /// Unmaps and releases free granules, oldest first, until at most `keep`
+  /// bytes of them remain. Returns the bytes released.
+  std::size_t release_free(std::size_t keep);
+  /// trim() and idle release: every free granule goes, held blocks' too.
+  std::size_t release_all() {
+    complete_held();
+    return release_free(0);
+  }
+  Error out_of_memory(std::size_t requested, std::size_t rounded, std::size_t missing_granules);
+  /// An OOM of `requested` bytes, counted: the pool's figures now, the hint to add.
+  OomReport oom_report(std::size_t requested);
+
+  /// The arenas place a block where it needs the fewest granules mapped, so
+  /// that memory already mapped is used before any is stolen or created.
+  struct GranulesToMap final : pool::PlacementCost {
+    explicit GranulesToMap(const State& state) : s(state) {}
+    std::size_t cost(std::uintptr_t base, std::size_t bytes) const noexcept override {
+      const Space& space = *s.space_of(base);
+      return s.granules.unmapped_in(s.granule_of(space, base), s.granule_of(space, base + bytes - 1));
+    }
+    const State& s;
+  };
+  const GranulesToMap placement_cost{*this};
+
+  // --- tags, sleep and wake (sleep.hpp) ------------------------------------
+  pool::TagRegistry tags;
+  pool::BestFitArena& arena_for(bool for_small, pool::TagId tag) {
+    if (tag == pool::kUntagged) return for_small ? small : large;
+    pool::Tag& owner = tags.at(tag);
+    return for_small ? owner.small : owner.large;
+  }
+  pool::BestFitArena& arena_of(const Space& space) { return arena_for(space.small, space.tag); }
+  /// The awake tag an allocation of `bytes` on this thread goes to; an
+  /// error when it sleeps or changes.
+  Expected<pool::Tag*> tag_to_allocate(pool::TagId id, std::size_t bytes);
+  /// Frees a block of a tag: at once, or after the tag's phase changes.
+  Status free_tagged(const Space& space, void* ptr, Stream stream);
+  /// Checks that `name` is in phase `from` and sets `to`, under the lock.
+  Expected<pool::Tag*> begin_change(const char* op, std::string_view name, pool::TagPhase from, pool::TagPhase to);
+  /// Sets the tag's phase and does the frees deferred while it changed.
+  void end_change(pool::Tag& tag, pool::TagPhase phase);
+  /// The granules under the tag's live blocks, ascending.
+  std::vector<GranuleId> granules_under(const pool::Tag& tag) const;
+  /// The mapped granules of the tag's address space, ascending.
+  std::vector<GranuleId> mapped_granules(pool::TagId id) const;
+  /// Waits for the tag's streams and makes (or grows) its host buffer for
+  /// `keep`. Unlocked: the tag's phase keeps others off it.
+  Status prepare_host(pool::Tag& tag, SleepKeep keep);
+  /// The granules a sleep or a wake copies at a time, while it unmaps or
+  /// maps the chunk before.
+  std::size_t chunk_granules() const noexcept { return std::max<std::size_t>(1, expandable::kCopyChunkBytes / granule); }
+  void free_host(pool::HostBuffer& buffer) noexcept {
+    if (buffer.ptr != nullptr) (void)device->free_host(buffer.ptr, buffer.bytes);
+    buffer = {};
+  }
+  /// Unmaps and releases the mapped granules of the tag's space that no
+  /// live block uses.
+  void release_free_of(const pool::Tag& tag);
+  /// Unmaps and releases granules `ids`, used by the tag's live blocks
+  /// (their contents copied, or not kept), adding them to bytes_asleep. The
+  /// first refusal goes to `failed`; that granule stays mapped.
+  void release_used(pool::Tag& tag, std::span<const GranuleId> ids, std::optional<Error>& failed);
+  /// Maps fresh memory under `ids` (unmapped, used by the tag's live
+  /// blocks), taken from the device in one request (one ledger reservation:
+  /// never half a wake), and, when `copy`, copies their contents back from
+  /// the host buffer, a chunk copied while the next is mapped. An error:
+  /// none of ids is mapped. A copy's error goes to `copy_failed`; everything
+  /// is mapped.
+  Status map_back(pool::Tag& tag, const std::vector<GranuleId>& ids, bool copy, std::optional<Error>& copy_failed);
+  /// Room under the limit for `count` more granules (others may have grown
+  /// into what a sleeping tag gave up): free granules released if need be;
+  /// out_of_memory when live blocks hold the rest.
+  Status make_room(const pool::Tag& tag, std::size_t count);
+  /// Maps `handles` at granules `ids` (unmapped, used); on failure none is
+  /// mapped and every handle is released.
+  Status map_woken(std::span<const GranuleId> ids, std::span<const PhysicalHandle> handles);
+  std::vector<pool::CopyRun> copy_runs(const std::vector<GranuleId>& ids, const std::vector<GranuleId>& order) const {
+    return pool::copy_runs(ids, order, granule, [this](GranuleId id) { return address_of(id); });
+  }
+};
+
+
+}  // namespace tidepool
