@@ -18,7 +18,8 @@
 // block is most of an alloc+free pair (a 64 MiB block spans 33 granules). So
 // the last few large blocks freed are held back, still whole: one asked for
 // again at the same size on the same stream is handed out as it is, and any
-// other request (or stats, trim, a release) first completes their frees.
+// other request (or trim, a release) first completes their frees; stats and
+// dump count them free without completing them.
 #pragma once
 
 #include <algorithm>
