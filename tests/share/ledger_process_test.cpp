@@ -106,13 +106,18 @@ int random_worker(const std::string& segment, unsigned seed, int iterations, Pip
   std::vector<Held> held;
   std::size_t tally = 0;
   int ooms = 0;
+  // An error exit says why on the report pipe, where the parent prints it.
+  const auto fail = [&](int code, const std::string& why) {
+    report.write_line("error (pid " + std::to_string(getpid()) + ") " + why);
+    return code;
+  };
   for (int i = 0; i < iterations; ++i) {
     if (!held.empty() && random() % 2 == 0) {
       const std::size_t index = random() % held.size();
       const Held h = held[index];
       held.erase(held.begin() + static_cast<std::ptrdiff_t>(index));
       const Status done = h.physical ? (*device)->release(h.handle, h.bytes) : (*device)->free(h.ptr, h.bytes);
-      if (!done) return 6;
+      if (!done) return fail(6, "giving back " + std::to_string(h.bytes) + " bytes: " + done.error().message());
       tally -= h.bytes;
     } else {
       const std::size_t bytes = (1 + random() % 12) * MiB;
@@ -120,15 +125,18 @@ int random_worker(const std::string& segment, unsigned seed, int iterations, Pip
         auto handle = (*device)->create(bytes);
         if (handle) held.push_back({true, *handle, nullptr, bytes}), tally += bytes;
         else if (handle.error().code() == Errc::out_of_memory) ++ooms;
-        else return 7;
+        else return fail(7, "create: " + handle.error().message());
       } else {
         auto ptr = (*device)->allocate(bytes);
         if (ptr) held.push_back({false, 0, *ptr, bytes}), tally += bytes;
         else if (ptr.error().code() == Errc::out_of_memory) ++ooms;
-        else return 7;
+        else return fail(7, "allocate: " + ptr.error().message());
       }
     }
-    if ((*device)->reserved_bytes() != tally) return 8;  // the ledger agrees with us at every step
+    if ((*device)->reserved_bytes() != tally) {  // the ledger agrees with us at every step
+      return fail(8, "the ledger says " + std::to_string((*device)->reserved_bytes()) + " bytes reserved, the worker " +
+                         std::to_string(tally));
+    }
   }
   report.write_line(tally_line(tally));
   (void)go.read_line(60s);
