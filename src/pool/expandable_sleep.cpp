@@ -160,12 +160,15 @@ void ExpandablePool::State::release_used(pool::Tag& tag, std::span<const Granule
 Status ExpandablePool::State::map_back(pool::Tag& tag, const std::vector<GranuleId>& ids, bool copy,
                                        std::optional<Error>& copy_failed) {
   if (ids.empty()) return {};
+  const auto failed = [&](const Error& error) {  // the wake's words around the device's
+    return Error(error.code(), "of " + format_bytes(ids.size() * granule) + ": " + error.message());
+  };
   Expected<std::vector<PhysicalHandle>> handles = device->create_many(granule, ids.size());
   {
     std::lock_guard lock(mutex);
     if (!handles) {
       if (handles.error().code() == Errc::out_of_memory) ++usage.num_ooms;
-      return Error(handles.error().code(), "of " + format_bytes(ids.size() * granule) + ": " + handles.error().message());
+      return failed(handles.error());
     }
     for (std::size_t k = 0; k < handles->size(); ++k) usage.reserved(granule);
     if (Status room = make_room(tag, ids.size()); !room) {  // again: others may have allocated meanwhile
@@ -174,18 +177,16 @@ Status ExpandablePool::State::map_back(pool::Tag& tag, const std::vector<Granule
     }
   }
   const std::size_t chunk = chunk_granules();
-  const std::size_t chunks = (ids.size() + chunk - 1) / chunk;
-  const auto part = [&](std::size_t i) { return std::min(chunk, ids.size() - i * chunk); };
   const std::vector<std::vector<pool::CopyRun>> copies =
       copy ? pool::chunk_runs(copy_runs(ids, tag.sleeping), chunk, granule) : std::vector<std::vector<pool::CopyRun>>{};
   const auto* host = static_cast<const char*>(tag.host.ptr);
   pool::PipelineEnd end = pool::pipeline(
-      chunks,
+      pool::chunk_count(ids.size(), chunk),
       [&](std::size_t i) -> Status {  // a helper thread maps chunk i
+        const std::span<const GranuleId> part = pool::chunk_of(ids, chunk, i);
         std::lock_guard lock(mutex);
-        Status mapped = map_woken(std::span(ids).subspan(i * chunk, part(i)),
-                                  std::span<const PhysicalHandle>(*handles).subspan(i * chunk, part(i)));
-        if (!mapped) return Error(mapped.error().code(), "of " + format_bytes(ids.size() * granule) + ": " + mapped.error().message());
+        Status mapped = map_woken(part, std::span<const PhysicalHandle>(*handles).subspan(i * chunk, part.size()));
+        if (!mapped) return failed(mapped.error());
         return {};
       },
       [&](std::size_t i) {  // while this thread copies chunk i back
@@ -303,7 +304,7 @@ Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
   auto* host = static_cast<char*>(tag.host.ptr);
   std::optional<Error> refused;  // an unmap the device refused: that granule stays mapped
   pool::PipelineEnd end = pool::pipeline(
-      (ids.size() + chunk - 1) / chunk,
+      pool::chunk_count(ids.size(), chunk),
       [&](std::size_t i) -> Status {  // a helper thread copies chunk i
         if (i >= copies.size()) return {};
         for (const pool::CopyRun& run : copies[i]) {
@@ -314,7 +315,7 @@ Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
       },
       [&](std::size_t i) {  // while this thread unmaps chunk i
         std::lock_guard lock(s.mutex);
-        s.release_used(tag, std::span(ids).subspan(i * chunk, std::min(chunk, ids.size() - i * chunk)), refused);
+        s.release_used(tag, pool::chunk_of(ids, chunk, i), refused);
       });
   if (!end.status) {
     // A copy failed: what was unmapped is mapped back from the host copy.

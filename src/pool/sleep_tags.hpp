@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -216,6 +217,13 @@ inline std::vector<std::vector<CopyRun>> chunk_runs(const std::vector<CopyRun>& 
     }
   }
   return chunks;
+}
+
+/// How many chunks of `chunk` ids `count` ids make.
+inline std::size_t chunk_count(std::size_t count, std::size_t chunk) { return (count + chunk - 1) / chunk; }
+/// The ids of chunk i: [i * chunk, (i + 1) * chunk) of `ids`, the last one shorter.
+inline std::span<const GranuleId> chunk_of(std::span<const GranuleId> ids, std::size_t chunk, std::size_t i) {
+  return ids.subspan(i * chunk, std::min(chunk, ids.size() - i * chunk));
 }
 
 /// How a pipeline ended: the chunks `first` completed (`second` ran on

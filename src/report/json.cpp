@@ -25,7 +25,6 @@ Json series_json(const std::vector<trace::SeriesPoint>& series) {
   return Json{{"x", std::move(x)}, {"live_bytes", std::move(live)}, {"reserved_bytes", std::move(reserved)}};
 }
 
-
 Json calls_json(const trace::DeviceCalls& calls) {
   Json out;
   for (const auto& [name, value] : calls.items()) out[std::string(name)] = value;
