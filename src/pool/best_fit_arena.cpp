@@ -175,7 +175,13 @@ Expected<ChunkId> BestFitArena::find_fitting(std::size_t bytes) {
   return id;
 }
 
-Expected<MemoryRange> BestFitArena::take(ChunkId id, std::size_t bytes, Stream stream, bool at_end) {
+Expected<MemoryRange> BestFitArena::take(ChunkId id, std::size_t bytes, Stream stream, std::size_t offset) {
+  const bool at_end = offset != 0 && offset + bytes == chunks_[id].size;
+  if (offset != 0 && !at_end) {
+    // In the middle: the piece below stays free, in a bin of its own, with
+    // the chunk's stream and neighbours; the block is the rest's front.
+    bins_.insert(chunks_, split_front(id, offset));
+  }
   Chunk* chunk = &chunks_[id];
   if (must_wait(*chunk, stream)) {
     // Work queued on the freeing stream may still touch this memory.
@@ -219,7 +225,7 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
   Expected<ChunkId> id = find_fitting(bytes);
   if (!id) return std::move(id).error();
   if (*id == kNoChunk) return MemoryRange{};
-  return take(*id, bytes, stream, false);
+  return take(*id, bytes, stream);
 }
 
 Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, const PlacementCost& cost) {
@@ -228,16 +234,20 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, c
   if (*fit == kNoChunk) return MemoryRange{};
   struct Placement {
     ChunkId id;
-    bool at_end;
+    std::size_t offset;
     std::size_t score;
   };
   auto place = [&](ChunkId id) {
     const Chunk& chunk = chunks_[id];
     const std::size_t sync = must_wait(chunk, stream) ? 1 : 0;
     const std::size_t front = 2 * cost.cost(chunk.address, bytes) + sync;
-    if (front == sync || !should_split(chunk.size, bytes)) return Placement{id, false, front};
+    if (front == sync || !should_split(chunk.size, bytes)) return Placement{id, 0, front};
     const std::size_t back = 2 * cost.cost(chunk.end() - bytes, bytes) + sync;
-    return back < front ? Placement{id, true, back} : Placement{id, false, front};
+    if (back == sync) return Placement{id, chunk.size - bytes, back};
+    if (const std::uintptr_t at = cost.free_window(chunk.address, chunk.end(), bytes); at != 0) {
+      return Placement{id, at - chunk.address, sync};
+    }
+    return back < front ? Placement{id, chunk.size - bytes, back} : Placement{id, 0, front};
   };
   Placement best = place(*fit);
   if (best.score != 0) {
@@ -249,7 +259,7 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, c
       return best.score != 0 && ++looked < kPlacementCandidates;
     });
   }
-  return take(best.id, bytes, stream, best.at_end);
+  return take(best.id, bytes, stream, best.offset);
 }
 
 Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {

@@ -40,6 +40,13 @@ class PlacementCost {
   virtual ~PlacementCost() = default;
   /// [base, base + bytes) lies in one free chunk. 0: nothing to do.
   virtual std::size_t cost(std::uintptr_t base, std::size_t bytes) const noexcept = 0;
+  /// A base in free chunk [begin, end) where `bytes` cost nothing, though
+  /// both its ends cost something; 0: none. Asked only of chunks whose start
+  /// and end both cost.
+  virtual std::uintptr_t free_window(std::uintptr_t /*begin*/, std::uintptr_t /*end*/,
+                                     std::size_t /*bytes*/) const noexcept {
+    return 0;
+  }
 };
 
 class BestFitArena {
@@ -69,7 +76,8 @@ class BestFitArena {
   /// map) plus one when a stream must be synchronized. The candidates are
   /// the start and the end of the best-fitting free chunk and, unless that
   /// costs nothing, of up to kPlacementCandidates other fitting chunks in
-  /// best-fit order; ties go to the better fit.
+  /// best-fit order, and for each the owner's free window inside it when
+  /// both ends cost; ties go to the better fit.
   Expected<MemoryRange> allocate(std::size_t bytes, Stream stream, const PlacementCost& cost);
 
   /// ptr was returned by allocate() and not freed since; `stream` is the
@@ -111,8 +119,9 @@ class BestFitArena {
   /// when none fits; kNoChunk when none does even then.
   Expected<ChunkId> find_fitting(std::size_t bytes);
   /// Hands out free chunk `id` (in its bin, at least `bytes`) for `stream`:
-  /// its front, or its back when `at_end`, split off if worth it.
-  Expected<MemoryRange> take(ChunkId id, std::size_t bytes, Stream stream, bool at_end);
+  /// `offset` bytes into it (0: its front; size - bytes: its back), split
+  /// off if worth it; a free front piece stays free.
+  Expected<MemoryRange> take(ChunkId id, std::size_t bytes, Stream stream, std::size_t offset = 0);
   /// Whether work on the stream that freed `chunk` may still touch it: it is
   /// tagged, and that stream was not synchronized since.
   bool waits(const Chunk& chunk) const noexcept;

@@ -228,6 +228,17 @@ struct ExpandablePool::State {
       const Space& space = *s.space_of(base);
       return s.granules.unmapped_in(s.granule_of(space, base), s.granule_of(space, base + bytes - 1));
     }
+    // Free chunks coalesce over granules stolen from their middle, so mapped
+    // granules may lie inside one whose ends are not: a block starting at
+    // the first run of them long enough needs nothing mapped.
+    std::uintptr_t free_window(std::uintptr_t begin, std::uintptr_t end, std::size_t bytes) const noexcept override {
+      const std::uintptr_t first = round_up(begin, s.granule), stop = end / s.granule * s.granule;
+      if (stop <= first || stop - first < bytes) return 0;
+      const Space& space = *s.space_of(begin);
+      const GranuleId run = s.granules.mapped_run(s.granule_of(space, first), s.granule_of(space, stop - 1),
+                                                  (bytes + s.granule - 1) >> s.granule_shift);
+      return run == pool::kNoGranule ? 0 : reinterpret_cast<std::uintptr_t>(s.address_of(run));
+    }
     const State& s;
   };
   const GranulesToMap placement_cost{*this};

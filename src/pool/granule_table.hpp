@@ -92,6 +92,32 @@ class GranuleBits {
   }
   /// The highest set bit, or kNoBit.
   static constexpr std::size_t kNoBit = SIZE_MAX;
+  /// The first of `n` (> 0) consecutive set bits in [first, last], or kNoBit.
+  std::size_t find_run(std::size_t first, std::size_t last, std::size_t n) const noexcept {
+    std::size_t run = 0, start = 0;
+    for (std::size_t w = first / 64; w <= last / 64; ++w) {
+      const std::uint64_t word = words_[w] & mask(w, first, last);
+      if (word == 0) {
+        run = 0;
+        continue;
+      }
+      const std::size_t high = w == last / 64 ? last % 64 : 63;
+      for (std::size_t b = w == first / 64 ? first % 64 : 0; b <= high;) {
+        const std::uint64_t rest = word >> b;
+        if ((rest & 1) == 0) {
+          run = 0;
+          b += rest == 0 ? 64 : static_cast<std::size_t>(std::countr_zero(rest));
+          continue;
+        }
+        const auto ones = static_cast<std::size_t>(std::countr_one(rest));
+        if (run == 0) start = w * 64 + b;
+        run += ones;
+        if (run >= n) return start;
+        b += ones;
+      }
+    }
+    return kNoBit;
+  }
   std::size_t highest() const noexcept {
     for (std::size_t s = summary_.size(); s-- > 0;) {
       if (summary_[s] == 0) continue;
@@ -165,6 +191,12 @@ class GranuleTable {
   std::size_t unmapped_in(GranuleId first, GranuleId last) const noexcept {
     if (first == last) return mapped_bits_.test(first) ? 0 : 1;
     return last - first + 1 - mapped_bits_.count(first, last);
+  }
+
+  /// The first of `n` consecutive mapped granules in [first, last], or kNoGranule.
+  GranuleId mapped_run(GranuleId first, GranuleId last, std::size_t n) const noexcept {
+    const std::size_t id = mapped_bits_.find_run(first, last, n);
+    return id == GranuleBits::kNoBit ? kNoGranule : static_cast<GranuleId>(id);
   }
 
   /// One more live block overlaps every granule of [first, last]. Returns how

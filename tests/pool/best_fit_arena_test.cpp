@@ -1,5 +1,6 @@
 // The pool layer's internal pieces: size bins, the bin bitmap, the address
-// map and the best-fit arena over regions the test supplies.
+// map, the granule bitmap and the best-fit arena over regions the test
+// supplies.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -9,6 +10,7 @@
 
 #include "pool/address_map.hpp"
 #include "pool/best_fit_arena.hpp"
+#include "pool/granule_table.hpp"
 #include "pool/size_bins.hpp"
 #include "pool_test_support.hpp"
 
@@ -18,6 +20,7 @@ namespace {
 using pool::AddressMap;
 using pool::BestFitArena;
 using pool::BinBitmap;
+using pool::GranuleBits;
 using pool::MemoryRange;
 using pool::PlacementCost;
 using pool::SizeBins;
@@ -82,6 +85,39 @@ TEST(AddressMap, AgreesWithAnUnorderedMapUnderRandomInsertsAndErases) {
   EXPECT_EQ(map.find(256 * 200001), AddressMap::kMissing);
   EXPECT_EQ(map.take(256 * 200001), AddressMap::kMissing);
   EXPECT_EQ(map.size(), expected.size());
+}
+
+TEST(GranuleBits, FindRunAgreesWithABitByBitSearch) {
+  std::mt19937_64 random(7);
+  for (int round = 0; round < 200; ++round) {
+    const std::size_t size = 1 + random() % 600;
+    const unsigned density = static_cast<unsigned>(random() % 4);  // sparse to nearly full
+    GranuleBits bits;
+    bits.resize(size);
+    std::vector<bool> model(size);
+    for (std::size_t i = 0; i < size; ++i) {
+      if (random() % 4 < density + (density == 3 ? 1 : 0)) {
+        bits.set(i);
+        model[i] = true;
+      }
+    }
+    for (int query = 0; query < 20; ++query) {
+      const std::size_t first = random() % size, last = first + random() % (size - first);
+      const std::size_t n = 1 + random() % (last - first + 1);
+      std::size_t expected = GranuleBits::kNoBit;
+      for (std::size_t start = first, run = 0; start + run <= last;) {
+        if (!model[start + run]) {
+          start += run + 1;
+          run = 0;
+        } else if (++run == n) {
+          expected = start;
+          break;
+        }
+      }
+      ASSERT_EQ(bits.find_run(first, last, n), expected) << "size " << size << " [" << first << ", " << last
+                                                          << "] n " << n;
+    }
+  }
 }
 
 class BestFitArenaTest : public ::testing::Test {
@@ -242,6 +278,39 @@ TEST_F(BestFitArenaTest, PlacementGoesWhereItCostsLeast) {
   EXPECT_TRUE(arena.free(block->base, 0));
   EXPECT_TRUE(arena.free(plain->base, 0));
   EXPECT_TRUE(arena.free(anywhere->base, 0));
+  EXPECT_EQ(arena.free_region_bytes(), 1 * MiB);
+}
+
+TEST_F(BestFitArenaTest, AFreeWindowInsideAChunkServesTheBlockAndLeavesBothSidesFree) {
+  // Costly everywhere but [window, window + 128 KiB), which the owner names.
+  struct CheapWindow final : PlacementCost {
+    std::uintptr_t window = 0;
+    std::size_t cost(std::uintptr_t base, std::size_t bytes) const noexcept override {
+      return base >= window && base + bytes <= window + 128 * KiB ? 0 : 1;
+    }
+    std::uintptr_t free_window(std::uintptr_t begin, std::uintptr_t end, std::size_t bytes) const noexcept override {
+      return window >= begin && window + bytes <= end && bytes <= 128 * KiB ? window : 0;
+    }
+  };
+  BestFitArena arena(*device_);
+  char* base = static_cast<char*>(region(1 * MiB));
+  ASSERT_TRUE(arena.add_region(base, 1 * MiB));
+  CheapWindow cheap;
+  cheap.window = reinterpret_cast<std::uintptr_t>(base) + 320 * KiB;
+  Expected<MemoryRange> block = arena.allocate(96 * KiB, 0, cheap);
+  ASSERT_TRUE(block);
+  EXPECT_EQ(block->base, base + 320 * KiB);
+  EXPECT_EQ(block->bytes, 96 * KiB);
+  EXPECT_EQ(arena.free_bytes(), 1 * MiB - 96 * KiB);
+  // The pieces below and above are free chunks of their own: best fit takes
+  // the one below (320 KiB) for a block that fits it, from its start.
+  Expected<MemoryRange> below = arena.allocate(320 * KiB, 0);
+  ASSERT_TRUE(below);
+  EXPECT_EQ(below->base, base);
+  EXPECT_EQ(arena.largest_free_block(), 1 * MiB - 416 * KiB);
+  EXPECT_EQ(arena.free(block->base, 0).value(), 96 * KiB);
+  EXPECT_EQ(arena.free(below->base, 0).value(), 320 * KiB);
+  EXPECT_EQ(arena.largest_free_block(), 1 * MiB);  // all of it merged again
   EXPECT_EQ(arena.free_region_bytes(), 1 * MiB);
 }
 

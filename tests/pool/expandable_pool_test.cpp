@@ -211,6 +211,42 @@ TEST(ExpandablePool, SmallBlocksShareGranulesAndLargeOnesAreReusedInPlace) {
   for (void* block : small) ASSERT_TRUE(pool->deallocate(block));
 }
 
+TEST(ExpandablePool, MappedGranulesInsideAFreeRangeAreUsedBeforeAnyIsStolen) {
+  // Four 4 MiB blocks side by side, two granules each: A B C D. With 4 MiB
+  // of free granules kept, freeing A, C and B releases A's and then C's
+  // granules: the free range A+B+C has unmapped ends and B's granules,
+  // still mapped, in its middle.
+  auto device = host_device(1 * GiB);
+  ExpandableOptions options;
+  options.release_threshold = 4 * MiB;
+  auto pool = expandable(device, options);
+  void* a = must_allocate(*pool, 4 * MiB);
+  void* b = must_allocate(*pool, 4 * MiB);
+  void* c = must_allocate(*pool, 4 * MiB);
+  void* d = must_allocate(*pool, 4 * MiB);
+  ASSERT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 4 * MiB);
+  ASSERT_EQ(static_cast<char*>(c), static_cast<char*>(b) + 4 * MiB);
+  ASSERT_TRUE(pool->deallocate(a));
+  ASSERT_TRUE(pool->deallocate(c));
+  ASSERT_TRUE(pool->deallocate(b));
+  ASSERT_EQ(pool->stats().bytes_mapped, 8 * MiB);  // B's granules and D's
+  const Stats before = pool->stats();
+  const std::size_t device_free = device->mem_info().free_bytes;
+
+  // Best fit is the 12 MiB range; both its ends would need granules mapped
+  // (stolen from B, there being no other free one), its middle needs none.
+  void* again = must_allocate(*pool, 4 * MiB);
+  EXPECT_EQ(again, b);
+  EXPECT_EQ(pool->stats().num_maps, before.num_maps);
+  EXPECT_EQ(pool->stats().num_unmaps, before.num_unmaps);
+  EXPECT_EQ(pool->stats().num_stitches, 0);
+  EXPECT_EQ(device->mem_info().free_bytes, device_free);
+  // The pieces on either side are free address space that still serves.
+  void* low = must_allocate(*pool, 4 * MiB);
+  EXPECT_EQ(low, a);
+  for (void* block : {again, low, d}) ASSERT_TRUE(pool->deallocate(block));
+}
+
 TEST(ExpandablePool, ReleaseThresholdBoundsTheCachedGranules) {
   auto device = host_device(1 * GiB);
   ExpandableOptions options;
