@@ -12,19 +12,16 @@
 // - only the granules at a block's two ends can be shared with a neighbour,
 //   so only those count their live blocks (uses_); a granule strictly inside
 //   a live block is its alone and is simply not free;
-// - mapped and free granules are bitmaps, changed and counted a word at a
-//   time;
-// - the stream tags are one byte each (a slot in a short list of streams),
-//   read side by side.
+// - mapped, free and queued granules are bitmaps, changed and counted a
+//   word at a time;
+// - so are the stream tags: a bitmap per stream of the granules it freed.
 //
 // Not thread-safe: the owning pool serializes every call.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <bit>
-#include <cstdint>
-#include <cstring>
 #include <deque>
 #include <limits>
 #include <vector>
@@ -61,9 +58,24 @@ class GranuleBits {
   std::size_t count(std::size_t first, std::size_t last) const noexcept {
     std::size_t set = 0;
     for (std::size_t w = first / 64; w <= last / 64; ++w) {
-      set += static_cast<std::size_t>(std::popcount(words_[w] & mask(w, first, last)));
+      // Words are mostly all set or all clear (a block's granules): those
+      // need no popcount, which without -mpopcnt is a library call.
+      const std::uint64_t in_range = mask(w, first, last), bits = words_[w] & in_range;
+      if (bits == in_range) {
+        set += width(w, first, last);
+      } else if (bits != 0) {
+        set += static_cast<std::size_t>(std::popcount(bits));
+      }
     }
     return set;
+  }
+  /// Whether every bit of [first, last] is set.
+  bool all(std::size_t first, std::size_t last) const noexcept {
+    for (std::size_t w = first / 64; w <= last / 64; ++w) {
+      const std::uint64_t in_range = mask(w, first, last);
+      if ((words_[w] & in_range) != in_range) return false;
+    }
+    return true;
   }
   /// Sets the bits of [first, last] that are set in `other` (of the same size).
   void set_range_where(const GranuleBits& other, std::size_t first, std::size_t last) noexcept {
@@ -129,6 +141,12 @@ class GranuleBits {
 
  private:
   static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
+  /// How many bits of word w lie in [first, last].
+  static constexpr std::size_t width(std::size_t w, std::size_t first, std::size_t last) noexcept {
+    const std::size_t low = w == first / 64 ? first % 64 : 0;
+    const std::size_t high = w == last / 64 ? last % 64 : 63;
+    return high - low + 1;
+  }
   /// The bits of word w that lie in [first, last].
   static constexpr std::uint64_t mask(std::size_t w, std::size_t first, std::size_t last) noexcept {
     const std::size_t low = w == first / 64 ? first % 64 : 0;
@@ -139,23 +157,6 @@ class GranuleBits {
   std::vector<std::uint64_t> summary_;
 };
 
-/// Whether each of the bytes [first, last] of `bytes` is `value`: eight at a
-/// time (one load and compare per word).
-inline bool all_bytes_are(const std::vector<std::uint8_t>& bytes, std::size_t first, std::size_t last,
-                          std::uint8_t value) noexcept {
-  const std::uint64_t word_of_value = 0x0101010101010101ull * value;
-  std::size_t at = first;
-  for (; at + 8 <= last + 1; at += 8) {
-    std::uint64_t word;
-    std::memcpy(&word, bytes.data() + at, sizeof word);
-    if (word != word_of_value) return false;
-  }
-  for (; at <= last; ++at) {
-    if (bytes[at] != value) return false;
-  }
-  return true;
-}
-
 class GranuleTable {
  public:
   /// Appends `count` unmapped granules; returns the id of the first.
@@ -163,9 +164,10 @@ class GranuleTable {
     const auto first = static_cast<GranuleId>(uses_.size());
     const std::size_t size = uses_.size() + count;
     handle_.resize(size, 0);
-    freed_on_.resize(size, kSettled);
+    for (GranuleBits& bits : freed_by_) bits.resize(size);
+    freed_by_many_.resize(size);
     uses_.resize(size, 0);
-    queued_.resize(size, 0);
+    queued_.resize(size);
     mapped_bits_.resize(size);
     free_bits_.resize(size);
     return first;
@@ -176,10 +178,19 @@ class GranuleTable {
   PhysicalHandle handle(GranuleId id) const noexcept { return handle_[id]; }
   /// While free: the stream(s) whose queued work may still touch it, or kNoStream.
   Stream freed_on(GranuleId id) const noexcept {
-    const std::uint8_t slot = freed_on_[id];
-    return slot == kSettled ? kNoStream : slot == kMany ? kManyStreams : streams_[slot - kFirstStream];
+    if (freed_by_many_.test(id)) return kManyStreams;
+    Stream found = kNoStream;
+    for (std::size_t slot = 0; slot < freed_by_.size(); ++slot) {
+      if (!freed_by_[slot].test(id)) continue;
+      if (found != kNoStream) return kManyStreams;
+      found = streams_[slot];
+    }
+    return found;
   }
-  void settled(GranuleId id) noexcept { freed_on_[id] = kSettled; }
+  void settled(GranuleId id) noexcept {
+    freed_by_many_.clear(id);
+    for (GranuleBits& bits : freed_by_) bits.clear(id);
+  }
 
   std::size_t mapped() const noexcept { return mapped_; }
   /// Mapped granules no live block overlaps.
@@ -233,15 +244,11 @@ class GranuleTable {
   /// granules it was the last use of become free.
   void unuse_range(GranuleId first, GranuleId last, Stream stream) {
     if (first == last) {  // most small blocks
-      if (stream != kNoStream) {
-        const std::uint8_t slot = slot_of(stream);
-        const std::uint8_t was = freed_on_[first];
-        if (was != slot) freed_on_[first] = was == kSettled ? slot : kMany;
-      }
+      if (stream != kNoStream) tags_of(stream).set(first);
       unuse(first);
       return;
     }
-    if (stream != kNoStream) tag(first, last, slot_of(stream));
+    if (stream != kNoStream) tags_of(stream).set_range(first, last);
     unuse(first);
     unuse(last);
     if (last - first < 2) return;
@@ -252,9 +259,9 @@ class GranuleTable {
     if (freed == 0) return;
     free_count_ += freed;
     free_bits_.set_range_where(mapped_bits_, inner_first, inner_last);
-    if (all_bytes_are(queued_, inner_first, inner_last, 1)) return;  // usual once warm: the lazy queue holds them still
+    if (queued_.all(inner_first, inner_last)) return;  // usual once warm: the lazy queue holds them still
     for (GranuleId id = inner_first; id <= inner_last; ++id) {
-      if (queued_[id] == 0 && free_bits_.test(id)) enqueue(id);
+      if (!queued_.test(id) && free_bits_.test(id)) enqueue(id);
     }
   }
 
@@ -263,7 +270,7 @@ class GranuleTable {
     while (!queue_.empty()) {
       const GranuleId id = queue_.front();
       if (free_bits_.test(id)) return id;
-      queued_[id] = 0;  // stale: used again, or unmapped
+      queued_.clear(id);  // stale: used again, or unmapped
       queue_.pop_front();
     }
     return kNoGranule;
@@ -279,7 +286,7 @@ class GranuleTable {
   /// A queue entry for it goes stale, to be skipped.
   PhysicalHandle take_free(GranuleId id) noexcept {
     mapped_bits_.clear(id);
-    freed_on_[id] = kSettled;
+    settled(id);
     free_bits_.clear(id);
     --free_count_;
     --mapped_;
@@ -297,58 +304,55 @@ class GranuleTable {
   }
 
  private:
-  // Stream tags, a byte each: settled, many streams, or streams_[slot - kFirstStream].
-  static constexpr std::uint8_t kSettled = 0, kMany = 1, kFirstStream = 2;
-
   /// One use less on granule `id` (a block's end); free if it was the last
   /// and it is mapped.
   void unuse(GranuleId id) {
     if (--uses_[id] != 0 || !mapped_bits_.test(id)) return;
     ++free_count_;
     free_bits_.set(id);
-    if (queued_[id] == 0) enqueue(id);
+    if (!queued_.test(id)) enqueue(id);
   }
-  /// Every granule of [first, last] may also be touched by work on the
-  /// stream of `slot` now.
-  void tag(GranuleId first, GranuleId last, std::uint8_t slot) noexcept {
-    // Mostly every tag is this stream already (blocks freed where they were
-    // used, again and again): then reading them is all there is to do.
-    if (all_bytes_are(freed_on_, first, last, slot)) return;
-    for (std::size_t id = first; id <= last; ++id) {
-      const std::uint8_t was = freed_on_[id];
-      freed_on_[id] = was == kSettled || was == slot ? slot : kMany;
+  // Streams with a tag bitmap of their own; the granules freed by any
+  // stream past these are tagged "many".
+  static constexpr std::size_t kTaggedStreams = 64;
+  static constexpr std::size_t kManySlot = kTaggedStreams;
+
+  /// The bitmap of granules that work on `stream` may still touch.
+  GranuleBits& tags_of(Stream stream) {
+    if (stream != last_stream_) {  // mostly the same stream as the free before
+      last_stream_ = stream;
+      last_slot_ = find_slot(stream);
     }
+    return last_slot_ == kManySlot ? freed_by_many_ : freed_by_[last_slot_];
   }
-  /// The tag slot of `stream`; kMany once 254 streams have their own.
-  std::uint8_t slot_of(Stream stream) {
-    if (stream == last_stream_) return last_slot_;  // mostly the same stream as the free before
-    last_stream_ = stream;
-    last_slot_ = find_slot(stream);
-    return last_slot_;
-  }
-  std::uint8_t find_slot(Stream stream) {
-    for (std::size_t i = 0; i < streams_.size(); ++i) {
-      if (streams_[i] == stream) return static_cast<std::uint8_t>(i + kFirstStream);
+  std::size_t find_slot(Stream stream) {
+    for (std::size_t slot = 0; slot < streams_.size(); ++slot) {
+      if (streams_[slot] == stream) return slot;
     }
-    if (streams_.size() + kFirstStream > std::numeric_limits<std::uint8_t>::max()) return kMany;
+    if (streams_.size() == kTaggedStreams) return kManySlot;
     streams_.push_back(stream);
-    return static_cast<std::uint8_t>(streams_.size() - 1 + kFirstStream);
+    freed_by_.emplace_back().resize(size());
+    return streams_.size() - 1;
   }
   void enqueue(GranuleId id) {
-    queued_[id] = 1;
+    queued_.set(id);
     queue_.push_back(id);
   }
 
   // One entry per granule in each.
   std::vector<PhysicalHandle> handle_;
-  std::vector<std::uint8_t> freed_on_;      // stream tag slot (tag())
   std::vector<std::uint32_t> uses_;         // live blocks that end in it (0 inside a live block)
-  std::vector<std::uint8_t> queued_;        // in queue_ (perhaps stale: used again since)
+  GranuleBits queued_;                      // in queue_ (perhaps stale: used again since)
   GranuleBits mapped_bits_;                 // a handle is mapped there
   GranuleBits free_bits_;                   // mapped granules no block overlaps
-  std::vector<Stream> streams_;             // the stream of each tag slot
-  Stream last_stream_ = kNoStream;          // slot_of()'s last answer
-  std::uint8_t last_slot_ = kMany;
+  // Stream tags: a bitmap per stream (freed_by_[slot] for streams_[slot])
+  // of the granules under blocks it freed since they were last settled, so
+  // that tagging a block's granules is a few word operations.
+  std::vector<GranuleBits> freed_by_;
+  GranuleBits freed_by_many_;               // freed by streams past kTaggedStreams
+  std::vector<Stream> streams_;
+  Stream last_stream_ = kNoStream;          // tags_of()'s last answer
+  std::size_t last_slot_ = kManySlot;
   std::deque<GranuleId> queue_;
   std::size_t mapped_ = 0;
   std::size_t free_count_ = 0;

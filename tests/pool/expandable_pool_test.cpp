@@ -409,6 +409,27 @@ TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {
 // stats() and dump() observe: blocks held back stay held (the ledger's
 // thread reads stats() every 100 ms), and the figures count their granules
 // free as completing the frees would.
+TEST(ExpandablePool, GranulesFreedByMoreStreamsThanHaveTagsWaitForEveryStream) {
+  // 70 one-granule blocks, each freed on a stream of its own: the granule
+  // table tags the first 64 streams one by one and the rest together, and a
+  // steal of a granule tagged "many" waits for every stream that freed.
+  auto counting = std::make_shared<SyncCountingDevice>(host_device(256 * MiB));
+  ExpandableOptions options;
+  options.release_threshold = 1 * GiB;  // no block held back: each free lands now
+  auto pool = expandable(counting, options);
+  constexpr Stream kStreams = 70, kOther = 1000;
+  std::vector<void*> blocks;
+  for (Stream stream = 1; stream <= kStreams; ++stream) blocks.push_back(must_allocate(*pool, 2 * MiB, stream));
+  for (Stream stream = 1; stream <= kStreams; ++stream) ASSERT_TRUE(pool->deallocate(blocks[stream - 1], stream));
+  EXPECT_EQ(counting->total_calls(), 0);
+  // The highest granules, stolen first, are those of streams 65 to 70.
+  void* big = must_allocate(*pool, 200 * MiB, kOther);
+  EXPECT_GT(pool->stats().num_unmaps, 6);
+  for (Stream stream = 1; stream <= kStreams; ++stream) EXPECT_GE(counting->calls(stream), 1) << "stream " << stream;
+  EXPECT_EQ(counting->calls(kOther), 0);
+  ASSERT_TRUE(pool->deallocate(big, kOther));
+}
+
 TEST(ExpandablePool, StatsAndDumpLeaveHeldBlocksHeld) {
   auto pool = expandable(host_device(64 * MiB));
   // Blocks whose ends share granules: with each other, and with live ones.
