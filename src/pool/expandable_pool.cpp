@@ -107,11 +107,18 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     }
     if (run.empty()) run_first = id;
     // A free granule from elsewhere (footprint stays flat) while more than
-    // the slack is free or there is no room to grow; new physical memory
+    // the slack is free and the pool has moved fewer granules than it has
+    // created, or when there is no room to grow; new physical memory
     // otherwise. The slack stops a cascade: each stolen granule leaves a hole
-    // in some free range, and the next request landing there would steal again.
+    // in some free range, and the next request landing there would steal
+    // again. The move budget bounds what churn costs: a trace that would
+    // steal again and again (random sizes) grows instead once its moves have
+    // caught up with its creates, and then runs on what it has; below the
+    // limit, the pool makes at most three device calls (create, unmap, map)
+    // per granule it ever created.
     const bool at_limit = mapped_bytes() + (run.size() + 1) * granule > bytes_limit;
-    if (granules.free_count() > slack_granules() || (at_limit && granules.free_count() > 0)) {
+    const bool may_move = moved < usage.num_device_allocs;
+    if ((may_move && granules.free_count() > slack_granules()) || (at_limit && granules.free_count() > 0)) {
       // A stolen granule is mapped here at once, alone: its unmap may split a
       // kernel mapping, and unmaps piling up before one map would pass the
       // mapping budget unchecked.
@@ -120,6 +127,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       if (!stolen) return abandon(std::move(stolen).error());
       run_first = id;
       run.push_back(*stolen);
+      ++moved;
       stitched = true;
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
     } else {

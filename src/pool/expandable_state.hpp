@@ -52,7 +52,8 @@ using pool::kNoStream;
 inline constexpr std::size_t kSmallSpaceShares = 1;
 inline constexpr std::size_t kLargeSpaceShares = 3;
 // Free granules up to 1/64 of the mapped ones are kept rather than stolen
-// (see back()): peak reserved stays within ~1.6% of what the blocks span.
+// (see back()): peak reserved stays within ~1.6% of what the blocks span,
+// unless the pool has moved as many granules as it created (back() again).
 inline constexpr std::size_t kSlackShare = 64;
 // Large blocks whose free is held back (see above). Enough for the large
 // blocks of a layer or two freed and asked for again in the same order.
@@ -150,6 +151,7 @@ struct ExpandablePool::State {
     reaper.join();
   }
   std::int64_t maps = 0, unmaps = 0, stitches = 0;  // releases: usage.num_device_frees
+  std::int64_t moved = 0;  // granules stolen: at most the granules created (usage.num_device_allocs) below the limit
 
   std::size_t mapped_bytes() const noexcept { return granules.mapped() * granule; }
   std::size_t free_granule_bytes() const noexcept { return granules.free_count() * granule; }

@@ -247,6 +247,35 @@ TEST(ExpandablePool, MappedGranulesInsideAFreeRangeAreUsedBeforeAnyIsStolen) {
   for (void* block : {again, low, d}) ASSERT_TRUE(pool->deallocate(block));
 }
 
+TEST(ExpandablePool, StealingNeverOutrunsCreatingBelowTheLimit) {
+  // Random sizes from 1 to 64 MiB, at most 24 live, far below the limit: a
+  // trace whose blocks never fit the holes the last ones left, so a pool
+  // that stole whenever granules were free would steal on and on. It moves
+  // at most as many granules as it creates, so its device calls stay within
+  // three per granule it holds, and it still steals while it may.
+  auto device = host_device(16 * GiB);
+  auto pool = expandable(device);
+  std::mt19937_64 random(12);
+  std::vector<void*> live;
+  for (int op = 0; op < 20000; ++op) {
+    if (live.size() == 24 || (!live.empty() && random() % 2 == 0)) {
+      const std::size_t victim = random() % live.size();
+      ASSERT_TRUE(pool->deallocate(live[victim]));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(victim));
+    } else {
+      const double exponent = std::uniform_real_distribution<double>(20, 26)(random);  // 1 to 64 MiB
+      live.push_back(must_allocate(*pool, static_cast<std::size_t>(std::exp2(exponent))));
+    }
+  }
+  const Stats stats = pool->stats();
+  const std::int64_t moved = stats.num_unmaps - stats.num_releases;
+  EXPECT_GT(moved, 0);
+  EXPECT_LE(moved, stats.num_device_allocs);
+  EXPECT_LE(stats.num_maps + stats.num_unmaps, 3 * stats.num_device_allocs);
+  EXPECT_LT(stats.peak_bytes_reserved, 16 * GiB);  // never at the limit, where stealing is a must
+  for (void* block : live) ASSERT_TRUE(pool->deallocate(block));
+}
+
 TEST(ExpandablePool, ReleaseThresholdBoundsTheCachedGranules) {
   auto device = host_device(1 * GiB);
   ExpandableOptions options;
