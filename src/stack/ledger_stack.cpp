@@ -27,13 +27,14 @@ LedgerDevice* find_ledger_device(Device& device) {
 namespace {
 
 /// Owns a pool whose trim answers the ledger's requests. The pool holds the
-/// device chain, so the LedgerDevice outlives this object; the hooks are
+/// device chain, so the LedgerDevice (and its account) outlives this
+/// object; the hooks are
 /// cleared first in the destructor, so none runs on a destroyed pool. A
 /// sleep or wake through it writes the process's asleep bytes into the
 /// ledger at once.
 class LedgerTrimmedAllocator final : public Allocator, public Sleepable {
  public:
-  LedgerTrimmedAllocator(std::unique_ptr<Allocator> pool, LedgerDevice& ledger, bool answers_trim)
+  LedgerTrimmedAllocator(std::unique_ptr<Allocator> pool, LedgerAccount& ledger, bool answers_trim)
       : pool_(std::move(pool)), ledger_(ledger) {
     Allocator& pool_ref = *pool_;
     TrimHooks hooks;
@@ -80,7 +81,7 @@ class LedgerTrimmedAllocator final : public Allocator, public Sleepable {
 
  private:
   std::unique_ptr<Allocator> pool_;
-  LedgerDevice& ledger_;
+  LedgerAccount& ledger_;
 };
 
 }  // namespace
@@ -138,7 +139,7 @@ std::unique_ptr<Allocator> with_ledger_trim_hooks(Mode mode, std::unique_ptr<All
   // (it would preallocate it again at the next allocation): it reports, it does
   // not answer.
   const bool answers_trim = mode != Mode::preallocate;
-  return std::make_unique<LedgerTrimmedAllocator>(std::move(pool), *ledger, answers_trim);
+  return std::make_unique<LedgerTrimmedAllocator>(std::move(pool), ledger->account(), answers_trim);
 }
 
 }  // namespace tidepool

@@ -25,8 +25,9 @@ const LedgerDevice* find_ledger_device(const Device& device);
 
 /// `pool` as is when no LedgerDevice lies under its device; otherwise an
 /// allocator that owns the pool, has registered its trim() (not for mode
-/// preallocate) and cached-free report with the ledger, answers pending trim
-/// requests at each allocate(), and unregisters before the pool is destroyed.
+/// preallocate) and cached-free report with the device's LedgerAccount,
+/// answers pending trim requests at each allocate(), and unregisters before
+/// the pool is destroyed.
 std::unique_ptr<Allocator> with_ledger_trim_hooks(Mode mode, std::unique_ptr<Allocator> pool);
 
 }  // namespace tidepool
