@@ -672,9 +672,11 @@ class Interposer {
       if (auto it = ledgers_.find(device); it != ledgers_.end()) return it->second->mem_info().total_bytes;
     }
     auto config = Config::from_env();
-    if (!config || !config->quota.value) return total;
-    const std::size_t quota = config->quota.value->resolve(total);
-    return quota != 0 ? std::min(quota, total) : total;
+    if (!config) return total;
+    // Only the quota is read: the device's id (the segment's name) is not needed.
+    auto options = resolve_ledger(*config, LedgerDeviceFacts{std::string(), total, device});
+    if (!options || options->quota_bytes == 0) return total;
+    return std::min(options->quota_bytes, total);
   }
 
  private:
@@ -801,7 +803,7 @@ class Interposer {
       CUuuid uuid{};
       if (get_uuid(&uuid, device) == CUDA_SUCCESS) id = format_gpu_uuid(uuid.bytes);
     }
-    Expected<LedgerOptions> resolved = ledger_options(*config, total, device);
+    Expected<LedgerOptions> resolved = resolve_ledger(*config, LedgerDeviceFacts{id, total, device});
     if (!resolved) return std::move(resolved).error();
     LedgerOptions options = std::move(*resolved);
     // An unmodified program cannot give cached memory back when asked. The

@@ -1,5 +1,6 @@
-// The cross-process ledger in the stack: the device decorator with the
-// process's quota, and the pool's trim as the process's answer to others.
+// The cross-process ledger in the stack: which ledger and which quota (the
+// one resolution), the device decorator over the process's account, and the
+// pool's trim as the process's answer to others.
 #include "stack/ledger_stack.hpp"
 
 #include <string>
@@ -86,39 +87,40 @@ class LedgerTrimmedAllocator final : public Allocator, public Sleepable {
 
 }  // namespace
 
-std::string configured_ledger_name(const Config& config, std::string_view device_id) {
-  return config.ledger_name.value.empty() ? ledger_segment_name(device_id, config.ledger_mode.value)
-                                          : config.ledger_name.value;
+LedgerDeviceFacts LedgerDeviceFacts::of(const Device& device, int index) {
+  return LedgerDeviceFacts{device.id(), device.mem_info().total_bytes, index};
 }
 
-Expected<std::string> configured_ledger_name(const Config& config) {
-  if (!config.ledger_name.value.empty()) return config.ledger_name.value;
+Expected<LedgerOptions> resolve_ledger(const Config& config, const LedgerDeviceFacts& device) {
+  LedgerOptions options;
+  options.mode = config.ledger_mode.value;
+  if (const std::string& name = config.ledger_name.value; !name.empty())
+    options.segment_name = device.index == 0 ? name : name + "-" + std::to_string(device.index);
+  else
+    options.segment_name = ledger_segment_name(device.id, options.mode);
+  options.wake_wait = config.wake_wait.value;
+  if (config.quota.value) {
+    options.quota_bytes = config.quota.value->resolve(device.total_bytes);
+    if (options.quota_bytes == 0)
+      return Error(Errc::invalid_argument, config.quota.source + "='" + config.quota.text + "' is 0 bytes of the " +
+                                               format_bytes(device.total_bytes) + " device; allowed: a larger quota");
+  }
+  return options;
+}
+
+Expected<LedgerOptions> resolve_ledger(const Config& config) {
+  if (!config.ledger_name.value.empty() && !config.quota.value) return resolve_ledger(config, LedgerDeviceFacts{});
   Config bare = config;
   bare.ledger.value = false;  // the device alone: with the ledger on, building it would register this process
   auto device = make_device(bare);
   if (!device) return std::move(device).error();
-  return configured_ledger_name(config, (*device)->id());
-}
-
-Expected<LedgerOptions> ledger_options(const Config& config, std::size_t device_total, int device_index) {
-  LedgerOptions options;
-  options.mode = config.ledger_mode.value;
-  if (const std::string& name = config.ledger_name.value; !name.empty())
-    options.segment_name = device_index == 0 ? name : name + "-" + std::to_string(device_index);
-  options.wake_wait = config.wake_wait.value;
-  if (config.quota.value) {
-    options.quota_bytes = config.quota.value->resolve(device_total);
-    if (options.quota_bytes == 0)
-      return Error(Errc::invalid_argument, config.quota.source + "='" + config.quota.text + "' is 0 bytes of the " +
-                                               format_bytes(device_total) + " device; allowed: a larger quota");
-  }
-  return options;
+  return resolve_ledger(config, LedgerDeviceFacts::of(**device));
 }
 
 Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
                                                      std::shared_ptr<Device> device) {
   if (!device) return Error(Errc::invalid_argument, "make_ledger_device: no device");
-  Expected<LedgerOptions> options = ledger_options(config, device->mem_info().total_bytes);
+  Expected<LedgerOptions> options = resolve_ledger(config, LedgerDeviceFacts::of(*device));
   if (!options) return std::move(options).error();
   auto ledger = LedgerDevice::create(std::move(device), *options);
   if (!ledger) {
