@@ -278,8 +278,15 @@ Expected<std::shared_ptr<LedgerAccount>> LedgerAccount::create(std::unique_ptr<L
 LedgerAccount::LedgerAccount(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 LedgerAccount::~LedgerAccount() {
+  if (state_->slot.forked()) {
+    // The entry is the parent's, and so is the answerer's thread: a child
+    // has no such thread, so it may neither join nor detach it (detaching a
+    // thread of another process is undefined; TSan aborts on it). The
+    // answerer is left behind: a leak in the child only.
+    (void)state_->answerer.release();
+    return;
+  }
   state_->answerer.reset();  // no answer runs past here
-  if (state_->slot.forked()) return;  // the entry is the parent's: leave it
   // One store frees the entry; under the lock when it can be had, so that no
   // scan sees it half-way, and without it rather than leak the entry.
   if (!state_->segment().check_intact()) return;

@@ -15,11 +15,6 @@ TrimAnswerer::TrimAnswerer(const AccountSlot& slot, std::chrono::milliseconds po
 }
 
 TrimAnswerer::~TrimAnswerer() {
-  if (slot_.forked()) {
-    // The thread is the parent's (a child has none): leave it.
-    if (thread_.joinable()) thread_.detach();
-    return;
-  }
   {
     std::lock_guard lock(thread_mutex_);
     stopping_ = true;

@@ -19,7 +19,8 @@ class TrimAnswerer {
  public:
   /// For `slot`, registered just now: requests posted before count as seen.
   TrimAnswerer(const AccountSlot& slot, std::chrono::milliseconds poll_period);
-  /// Stops the thread (in a forked child it is the parent's: left alone).
+  /// Stops the thread. Not in a forked child: the thread is the parent's
+  /// (~LedgerAccount leaves the answerer there).
   ~TrimAnswerer();
   TrimAnswerer(const TrimAnswerer&) = delete;
   TrimAnswerer& operator=(const TrimAnswerer&) = delete;
