@@ -226,9 +226,9 @@ class LedgerDevice final : public DeviceAdaptor {
   /// those of LedgerAccount::open.
   static Expected<std::shared_ptr<LedgerDevice>> create(std::shared_ptr<Device> upstream,
                                                         LedgerOptions options = {});
-  /// `upstream` reserving in `account`, registered already (and perhaps
-  /// shared: the interposer's pool and the program's own calls reserve in
-  /// one account).
+  /// `upstream` reserving in `account` (not null), registered already and
+  /// perhaps shared: the interposer's pool and the program's own calls
+  /// reserve in one account.
   LedgerDevice(std::shared_ptr<Device> upstream, std::shared_ptr<LedgerAccount> account);
 
   /// The upstream's, and the ledger it is shared through.
