@@ -34,6 +34,15 @@ Row row(std::string name, const Setting<T>& setting, std::string value) {
 
 std::string fraction_text(double fraction) { return fmt::format("{:g}", fraction); }
 
+// The ledger row's value: the segment a pool of this configuration would
+// join (resolve_ledger, which registers nothing), or why there is none.
+std::string ledger_text(const Config& config, const Device& device) {
+  if (!config.ledger.value) return "off";
+  Expected<LedgerOptions> resolved = resolve_ledger(config, LedgerDeviceFacts::of(device));
+  if (!resolved) return "on (but " + resolved.error().message() + ")";
+  return "on (segment " + resolved->segment_name + ")";
+}
+
 std::vector<Row> configuration_rows(const Config& config, const Device& device) {
   const std::size_t total = device.mem_info().total_bytes;
   std::vector<Row> rows;
@@ -61,8 +70,7 @@ std::vector<Row> configuration_rows(const Config& config, const Device& device) 
   rows.push_back(row("wake_wait", config.wake_wait, std::to_string(config.wake_wait.value.count()) + " ms"));
   rows.push_back(row("quota", config.quota,
                      config.quota.value ? config.quota.value->to_string() : "none"));
-  rows.push_back(row("ledger", config.ledger,
-                     config.ledger.value ? "on (segment " + configured_ledger_name(config, device.id()) + ")" : "off"));
+  rows.push_back(row("ledger", config.ledger, ledger_text(config, device)));
   rows.push_back(row("ledger_mode", config.ledger_mode,
                      config.ledger_mode.value == 0660 ? "group (0660)" : "user (0600)"));
   return rows;

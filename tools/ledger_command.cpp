@@ -40,7 +40,9 @@ Expected<std::string> segment_name(const LedgerCommandOptions& options) {
   if (!config) return std::move(config).error();
   // The name is this user's (or, with TIDEPOOL_LEDGER_MODE=group, this group's).
   if (!options.device.empty()) return ledger_segment_name(options.device, config->ledger_mode.value);
-  return configured_ledger_name(*config);
+  auto resolved = resolve_ledger(*config);
+  if (!resolved) return std::move(resolved).error();
+  return resolved->segment_name;
 }
 
 std::string bytes_or_none(std::size_t bytes) { return bytes != 0 ? format_bytes(bytes) : "none"; }

@@ -26,13 +26,15 @@
 // what the legacy export forwards to, nor this library's own export (found by
 // dlsym(RTLD_DEFAULT)) what it calls.
 //
-// The ledger's upstream device is the driver call in flight: LedgerDevice
-// reserves, then asks DriverDevice, which runs the wrapper's real call.
+// Each device's LedgerAccount (registered at its first allocation, as
+// resolve_ledger decides) is reserved in before the wrapper's real call and
+// given back when the driver refuses it or the memory is freed.
 //
 // With TIDEPOOL_POOL (tidepool run --pool MODE), cuMemAlloc_v2/cuMemFree_v2
-// are served by a tidepool pool over that ledger, whose DriverDevice then
-// makes the driver's own calls for the pool (virtual memory, or cuMemAlloc
-// regions); a free waits for the device first, as cuMemFree does. With
+// are served by a tidepool pool that reserves in the same account: the
+// stack's LedgerDevice over a DriverDevice, which makes the driver's own
+// calls for the pool (virtual memory, or cuMemAlloc regions); a free waits
+// for the device first, as cuMemFree does. With
 // TIDEPOOL_RECORD (--record FILE), every allocation and free is written to a
 // trace (trace_file.hpp). docs/interop.md.
 #include <dlfcn.h>
@@ -55,7 +57,6 @@
 #include <set>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -207,17 +208,7 @@ FnPtr driver_helper(const char* symbol) {
   return reinterpret_cast<FnPtr>(next_symbol(symbol));
 }
 
-// --- the device the ledger guards: the driver call in flight ---------------
-
-/// The real driver call of the wrapper running on this thread, made by
-/// DriverDevice when the ledger has reserved its bytes.
-thread_local const std::function<CUresult()>* t_driver_call = nullptr;
-/// Its result; kNotCalled when the ledger refused before calling it.
-constexpr CUresult kNotCalled = -1;
-thread_local CUresult t_driver_result = kNotCalled;
-
-/// Where LedgerDevice's allocate() points: the real address is the wrapper's.
-void* const kAccounted = reinterpret_cast<void*>(std::uintptr_t{1} << 12);
+// --- the device of --pool: the driver calls the pool makes for itself --------
 
 /// The driver calls the pool of `tidepool run --pool` makes for itself,
 /// past this library: the allocations the program's calls are served from.
@@ -291,37 +282,30 @@ class ScopedContext {
   bool restore_ = false;
 };
 
-/// One CUDA device as the ledger sees it. Its calls are the program's own
-/// call in flight (t_driver_call: the ledger accounts it), or, for the pool
-/// of `tidepool run --pool` (`vmm` given), the driver's calls made for the
-/// pool, with the device's context current.
+/// One CUDA device as the pool of `tidepool run --pool` sees it: the
+/// driver's calls made for the pool, past this library's wrappers, with the
+/// device's context current. The ledger decorates it (LedgerDevice) with
+/// the process's account, the one the program's own calls reserve in.
 class DriverDevice final : public Device {
  public:
-  DriverDevice(CUdevice ordinal, std::string id, std::size_t total_bytes, const DriverVmm* vmm = nullptr,
-               CUcontext context = nullptr)
-      : ordinal_(ordinal), id_(std::move(id)), total_bytes_(total_bytes), vmm_(vmm), context_(context) {
-    if (vmm_ != nullptr) granularity_ = query_granularity();
-  }
+  DriverDevice(CUdevice ordinal, std::string id, std::size_t total_bytes, const DriverVmm& vmm, CUcontext context)
+      : ordinal_(ordinal), id_(std::move(id)), total_bytes_(total_bytes), vmm_(vmm), context_(context),
+        granularity_(query_granularity()) {}
 
   std::string id() const override { return id_; }
   std::string description() const override {
     return "CUDA device " + std::to_string(ordinal_) + " (" + id_ + ") through the driver's calls";
   }
   Expected<void*> allocate(std::size_t bytes) override {
-    if (!serves_pool()) {
-      if (Status done = run("allocate", bytes); !done) return std::move(done).error();
-      return kAccounted;
-    }
     CUdeviceptr ptr = 0;
-    if (Status done = own("cuMemAlloc", bytes, [&] { return vmm_->alloc(&ptr, bytes); }); !done)
+    if (Status done = own("cuMemAlloc", bytes, [&] { return vmm_.alloc(&ptr, bytes); }); !done)
       return std::move(done).error();
     remember(ptr, bytes);
     return reinterpret_cast<void*>(ptr);
   }
   Status free(void* ptr, std::size_t bytes) override {
-    if (!serves_pool()) return run("free", bytes);
     const auto address = reinterpret_cast<CUdeviceptr>(ptr);
-    Status done = own("cuMemFree", bytes, [&] { return vmm_->free(address); });
+    Status done = own("cuMemFree", bytes, [&] { return vmm_.free(address); });
     if (done) forget(address);
     return done;
   }
@@ -339,58 +323,48 @@ class DriverDevice final : public Device {
     return {total_bytes_, total_bytes_};
   }
   std::size_t granularity() const override { return granularity_; }
-  bool supports_virtual_memory() const override { return vmm_ != nullptr; }
+  bool supports_virtual_memory() const override { return true; }
   Expected<void*> reserve(std::size_t va_bytes) override {
-    if (vmm_ == nullptr) return unsupported();
     CUdeviceptr base = 0;
     if (Status done = own("cuMemAddressReserve", va_bytes,
-                          [&] { return vmm_->reserve(&base, va_bytes, granularity_, 0, 0); });
+                          [&] { return vmm_.reserve(&base, va_bytes, granularity_, 0, 0); });
         !done)
       return std::move(done).error();
     remember(base, va_bytes);
     return reinterpret_cast<void*>(base);
   }
   Status unreserve(void* va, std::size_t va_bytes) override {
-    if (vmm_ == nullptr) return unsupported();
     const auto base = reinterpret_cast<CUdeviceptr>(va);
-    Status done = own("cuMemAddressFree", va_bytes, [&] { return vmm_->address_free(base, va_bytes); });
+    Status done = own("cuMemAddressFree", va_bytes, [&] { return vmm_.address_free(base, va_bytes); });
     if (done) forget(base);
     return done;
   }
   Expected<PhysicalHandle> create(std::size_t bytes) override {
-    if (!serves_pool()) {
-      if (Status done = run("create", bytes); !done) return std::move(done).error();
-      return PhysicalHandle{1};
-    }
     const CUmemAllocationProp prop = device_prop();
     CUmemGenericAllocationHandle handle = 0;
-    if (Status done = own("cuMemCreate", bytes, [&] { return vmm_->create(&handle, bytes, &prop, 0); }); !done)
+    if (Status done = own("cuMemCreate", bytes, [&] { return vmm_.create(&handle, bytes, &prop, 0); }); !done)
       return std::move(done).error();
     return PhysicalHandle{handle};
   }
   Status map(void* va, std::size_t bytes, PhysicalHandle handle) override {
-    if (vmm_ == nullptr) return unsupported();
     const auto address = reinterpret_cast<CUdeviceptr>(va);
-    if (Status done = own("cuMemMap", bytes, [&] { return vmm_->map(address, bytes, 0, handle, 0); }); !done)
+    if (Status done = own("cuMemMap", bytes, [&] { return vmm_.map(address, bytes, 0, handle, 0); }); !done)
       return done;
     const CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, ordinal_}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    Status done = own("cuMemSetAccess", bytes, [&] { return vmm_->set_access(address, bytes, &access, 1); });
-    if (!done) (void)own("cuMemUnmap", bytes, [&] { return vmm_->unmap(address, bytes); });
+    Status done = own("cuMemSetAccess", bytes, [&] { return vmm_.set_access(address, bytes, &access, 1); });
+    if (!done) (void)own("cuMemUnmap", bytes, [&] { return vmm_.unmap(address, bytes); });
     return done;
   }
   Status unmap(void* va, std::size_t bytes) override {
-    if (vmm_ == nullptr) return unsupported();
     const auto address = reinterpret_cast<CUdeviceptr>(va);
-    return own("cuMemUnmap", bytes, [&] { return vmm_->unmap(address, bytes); });
+    return own("cuMemUnmap", bytes, [&] { return vmm_.unmap(address, bytes); });
   }
   Status release(PhysicalHandle handle, std::size_t bytes) override {
-    if (!serves_pool()) return run("release", bytes);
-    return own("cuMemRelease", bytes, [&] { return vmm_->release(handle); });
+    return own("cuMemRelease", bytes, [&] { return vmm_.release(handle); });
   }
   /// The whole device: what cuMemFree waits for (docs/interop.md).
   Status synchronize(Stream) override {
-    if (vmm_ == nullptr) return {};
-    return own("cuCtxSynchronize", 0, [&] { return vmm_->synchronize(); });
+    return own("cuCtxSynchronize", 0, [&] { return vmm_.synchronize(); });
   }
 
   /// Whether `address` lies in memory the pool took from the driver (a
@@ -404,12 +378,6 @@ class DriverDevice final : public Device {
   }
 
  private:
-  static Error unsupported() {
-    return Error(Errc::unsupported, "the interposer's device only passes the program's driver calls on");
-  }
-  /// The pool's own call: no program call is in flight on this thread.
-  bool serves_pool() const { return vmm_ != nullptr && t_driver_call == nullptr; }
-
   CUmemAllocationProp device_prop() const {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -420,14 +388,14 @@ class DriverDevice final : public Device {
   std::size_t query_granularity() const {
     const CUmemAllocationProp prop = device_prop();
     std::size_t granularity = 0;
-    if (vmm_->granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || granularity == 0)
+    if (vmm_.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || granularity == 0)
       return 2 * MiB;
     return granularity;
   }
 
   template <class Call>
   Status own(const char* what, std::size_t bytes, Call&& call) const {
-    ScopedContext current(*vmm_, context_);
+    ScopedContext current(vmm_, context_);
     const CUresult result = call();
     if (result == CUDA_SUCCESS) return {};
     const std::string message = description() + ": " + what + " of " + format_bytes(bytes) + " failed (CUresult " +
@@ -443,23 +411,12 @@ class DriverDevice final : public Device {
     ranges_.erase(base);
   }
 
-  Status run(const char* what, std::size_t bytes) const {
-    if (t_driver_call == nullptr)
-      return Error(Errc::invalid_argument, std::string("DriverDevice::") + what + " outside a driver call");
-    t_driver_result = (*t_driver_call)();
-    if (t_driver_result == CUDA_SUCCESS) return {};
-    const std::string message = std::string("the driver refused ") + what + " of " + format_bytes(bytes) +
-                                " (CUresult " + std::to_string(t_driver_result) + ")";
-    if (t_driver_result == CUDA_ERROR_OUT_OF_MEMORY) return Error(Errc::out_of_memory, message);
-    return Error(Errc::device_error, message);
-  }
-
   CUdevice ordinal_;
   std::string id_;
   std::size_t total_bytes_;
-  const DriverVmm* vmm_;  // null: accounting only
-  CUcontext context_;     // the pool's calls are made in it; null: the caller's
-  std::size_t granularity_ = 2 * MiB;
+  const DriverVmm& vmm_;
+  CUcontext context_;  // the pool's calls are made in it; null: the caller's
+  std::size_t granularity_;
   mutable std::mutex ranges_mutex_;
   std::map<CUdeviceptr, std::size_t> ranges_;  // the pool's reservations and regions
 };
@@ -469,6 +426,12 @@ class DriverDevice final : public Device {
 struct Allocation {
   std::size_t bytes = 0;
   CUdevice device = 0;
+};
+
+/// A device's ledger account and what it was registered with.
+struct DeviceAccount {
+  std::shared_ptr<LedgerAccount> account;
+  LedgerDeviceFacts facts;
 };
 
 /// --pool: a device's pool, the device under it, and what it served.
@@ -528,22 +491,16 @@ class Interposer {
  private:
   CUresult allocate_accounted(CUdevice device, std::size_t bytes, bool physical,
                               const std::function<CUresult()>& call, const std::function<unsigned long long()>& key) {
-    LedgerDevice* ledger = ledger_for(device);
-    if (ledger == nullptr) return refused_without_ledger(call);
-    Expected<bool> done = in_flight(call, [&]() -> Expected<bool> {
-      if (physical) {
-        auto handle = ledger->create(bytes);
-        if (!handle) return std::move(handle).error();
-      } else {
-        auto ptr = ledger->allocate(bytes);
-        if (!ptr) return std::move(ptr).error();
-      }
-      return true;
-    });
-    if (!done) {
-      if (t_driver_result != kNotCalled) return t_driver_result;  // the driver's own failure
-      report_refusal(bytes, done.error());
+    std::shared_ptr<const DeviceAccount> entry = account_for(device);
+    if (entry == nullptr) return refused_without_ledger(call);
+    LedgerAccount& account = *entry->account;
+    if (Status reserved = account.reserve(bytes); !reserved) {
+      report_refusal(bytes, reserved.error());
       return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (const CUresult result = call(); result != CUDA_SUCCESS) {
+      account.unreserve(bytes);
+      return result;  // the driver's own failure
     }
     std::lock_guard lock(mutex_);
     (physical ? handles_ : addresses_)[key()] = Allocation{bytes, device};
@@ -563,17 +520,16 @@ class Interposer {
       }
     }
     if (!allocation) return call();
-    LedgerDevice* ledger = ledger_for(allocation->device);
-    if (ledger == nullptr) return call();
-    Status done = in_flight(call, [&] {
-      return physical ? ledger->release(PhysicalHandle{1}, allocation->bytes)
-                      : ledger->free(kAccounted, allocation->bytes);
-    });
-    if (!done && t_driver_result != CUDA_SUCCESS) {  // still allocated: keep the record
+    std::shared_ptr<const DeviceAccount> entry = account_for(allocation->device);
+    if (entry == nullptr) return call();
+    const CUresult result = call();
+    if (result == CUDA_SUCCESS) {
+      entry->account->unreserve(allocation->bytes);
+    } else {  // still allocated: keep the record
       std::lock_guard lock(mutex_);
       (physical ? handles_ : addresses_)[key] = *allocation;
     }
-    return t_driver_result == kNotCalled ? call() : t_driver_result;
+    return result;
   }
 
  public:
@@ -632,18 +588,20 @@ class Interposer {
     return CUDA_SUCCESS;
   }
 
-  /// cuMemGetInfo_v2 as the ledger reports it for the current device.
+  /// cuMemGetInfo_v2 as the ledger reports it for the current device: the
+  /// account's share of what the driver says.
   CUresult mem_info(std::size_t* free_bytes, std::size_t* total_bytes, const std::function<CUresult()>& call) {
     CUdevice device = 0;
     if (free_bytes == nullptr || total_bytes == nullptr || !current_device(&device)) return call();
-    LedgerDevice* ledger = ledger_for(device);
-    if (ledger == nullptr) return call();
+    std::shared_ptr<const DeviceAccount> entry = account_for(device);
+    if (entry == nullptr) return call();
     const CUresult result = call();  // the driver's own checks (a context) first
     if (result != CUDA_SUCCESS) return result;
-    const MemInfo info = ledger->mem_info();
+    const std::size_t total = entry->facts.total_bytes;
+    const MemInfo share = entry->account->share_of(MemInfo{std::min(*free_bytes, total), total});
     // --pool: what the pool holds unused is free to the program too.
-    *free_bytes = std::min(info.total_bytes, info.free_bytes + pool_cached_bytes(device));
-    *total_bytes = info.total_bytes;
+    *free_bytes = std::min(share.total_bytes, share.free_bytes + pool_cached_bytes(device));
+    *total_bytes = share.total_bytes;
     return CUDA_SUCCESS;
   }
 
@@ -669,12 +627,17 @@ class Interposer {
     {
       std::lock_guard lock(mutex_);
       if (stopped_) return total;
-      if (auto it = ledgers_.find(device); it != ledgers_.end()) return it->second->mem_info().total_bytes;
+      if (auto it = accounts_.find(device); it != accounts_.end()) {
+        const std::size_t registered = it->second->facts.total_bytes;
+        return it->second->account->share_of(MemInfo{registered, registered}).total_bytes;
+      }
     }
     auto config = Config::from_env();
-    if (!config || !config->quota.value) return total;
-    const std::size_t quota = config->quota.value->resolve(total);
-    return quota != 0 ? std::min(quota, total) : total;
+    if (!config) return total;
+    // Only the quota is read: the device's id (the segment's name) is not needed.
+    auto options = resolve_ledger(*config, LedgerDeviceFacts{std::string(), total, device});
+    if (!options || options->quota_bytes == 0) return total;
+    return std::min(options->quota_bytes, total);
   }
 
  private:
@@ -693,7 +656,7 @@ class Interposer {
   /// The pool serving `device`, registering its ledger entry on first use;
   /// null when it has none.
   Allocator* pool_for(CUdevice device) {
-    if (ledger_for(device) == nullptr) return nullptr;
+    if (account_for(device) == nullptr) return nullptr;
     std::lock_guard lock(mutex_);
     auto it = pools_.find(device);
     return it == pools_.end() ? nullptr : it->second.pool.get();
@@ -725,48 +688,38 @@ class Interposer {
     }
   }
 
-  /// Runs `body` (a LedgerDevice call) with `call` as the driver call its
-  /// upstream makes.
-  template <class Body>
-  static std::invoke_result_t<Body&> in_flight(const std::function<CUresult()>& call, Body&& body) {
-    t_driver_call = &call;
-    t_driver_result = kNotCalled;
-    auto result = body();
-    t_driver_call = nullptr;
-    return result;
-  }
-
-  /// The ledger entry of `device`, registering on first use. Null after
+  /// The ledger account of `device`, registering on first use. Null after
   /// shut_down or when registering failed; a failure is said once per
   /// device on stderr and not kept: the next allocation tries again (the
   /// driver may not have been initialized yet, or another process may have
   /// left room in the ledger since).
-  LedgerDevice* ledger_for(CUdevice device) {
+  std::shared_ptr<const DeviceAccount> account_for(CUdevice device) {
     std::lock_guard lock(mutex_);
     if (stopped_) return nullptr;
-    if (auto it = ledgers_.find(device); it != ledgers_.end()) return it->second.get();
-    std::shared_ptr<DriverDevice> driver;
-    auto ledger = register_device(device, &driver);
-    if (!ledger) {
+    if (auto it = accounts_.find(device); it != accounts_.end()) return it->second;
+    auto registered = register_device(device);
+    if (!registered) {
       if (said_failed_.insert(device).second)
         std::fprintf(stderr,
                      "tidepool: error: device %d is not accounted in the ledger: %s; its allocations fail "
                      "with CUDA_ERROR_OUT_OF_MEMORY until it is (further failures are not printed)\n",
-                     device, ledger.error().message().c_str());
+                     device, registered.error().message().c_str());
       return nullptr;
     }
-    ledgers_[device] = *ledger;
-    if (pool_mode_) make_pool_locked(device, *ledger, std::move(driver));
-    return ledger->get();
+    auto entry = std::make_shared<const DeviceAccount>(std::move(*registered));
+    accounts_[device] = entry;
+    if (pool_mode_) make_pool_locked(device, *entry);
+    return entry;
   }
 
-  /// Under the lock: the pool of `tidepool run --pool` on `device`, over its
-  /// ledger entry. A pool that cannot be made is said, and the device's
-  /// allocations go to the driver, accounted, as without --pool.
-  void make_pool_locked(CUdevice device, const std::shared_ptr<LedgerDevice>& ledger,
-                        std::shared_ptr<DriverDevice> driver) {
+  /// Under the lock: the pool of `tidepool run --pool` on `device`, over a
+  /// DriverDevice decorated with its account (the one the program's own
+  /// calls reserve in). A pool that cannot be made is said, and the
+  /// device's allocations go to the driver, accounted, as without --pool.
+  void make_pool_locked(CUdevice device, const DeviceAccount& entry) {
     auto config = Config::from_env();  // read once already by register_device: valid
-    if (!config) return;
+    auto vmm = DriverVmm::find();      // found already by register_device
+    if (!config || !vmm) return;
     // An OOM names what the user can change: the fraction they set, else the
     // quota (the pool has all of it), else nothing (it has the whole device).
     pool_words_ = config->oom_words();
@@ -774,7 +727,10 @@ class Interposer {
     // The pool may take the whole device (or quota) unless a fraction is set:
     // the program under it asked for no preallocation of its own.
     if (config->mem_fraction.is_default()) config->mem_fraction = Setting<double>(1.0, "tidepool run --pool", "1");
-    auto pool = make_allocator(*pool_mode_, *config, ledger);
+    CUcontext context = nullptr;
+    (*vmm)->get_current(&context);  // the pool's calls are made in the context current now
+    auto driver = std::make_shared<DriverDevice>(device, entry.facts.id, entry.facts.total_bytes, **vmm, context);
+    auto pool = make_allocator(*pool_mode_, *config, std::make_shared<LedgerDevice>(driver, entry.account));
     if (!pool) {
       std::fprintf(stderr,
                    "tidepool: error: --pool %s on device %d: %s; its allocations go to the driver, accounted in "
@@ -785,11 +741,10 @@ class Interposer {
     pools_[device] = ServingPool{std::move(*pool), std::move(driver)};
   }
 
-  Expected<std::shared_ptr<LedgerDevice>> register_device(CUdevice device, std::shared_ptr<DriverDevice>* driver) {
-    auto config = Config::from_env();
-    if (!config) return std::move(config).error();
-    // Sized by the device itself, not by the current context's (cuMemCreate
-    // names its device in prop->location and needs no current context).
+  /// What the ledger needs of `device`, from the driver: its size (from the
+  /// device itself, not the current context's: cuMemCreate names its device
+  /// in prop->location and needs no current context) and its UUID.
+  static Expected<LedgerDeviceFacts> device_facts(CUdevice device) {
     const auto total_mem = driver_helper<DeviceTotalMemFn>("cuDeviceTotalMem_v2");  // not kept: retried
     if (total_mem == nullptr) return Error(Errc::device_error, "the driver has no cuDeviceTotalMem_v2");
     std::size_t total = 0;
@@ -801,25 +756,29 @@ class Interposer {
       CUuuid uuid{};
       if (get_uuid(&uuid, device) == CUDA_SUCCESS) id = format_gpu_uuid(uuid.bytes);
     }
-    Expected<LedgerOptions> resolved = ledger_options(*config, total, device);
-    if (!resolved) return std::move(resolved).error();
-    LedgerOptions options = std::move(*resolved);
-    // An unmodified program cannot give cached memory back when asked. The
-    // pool of --pool can: the ledger's thread answers for it (its trim, with
-    // the device's context made current) and reports what it holds unused.
-    if (!pool_mode_) options.poll_period = std::chrono::milliseconds(0);
-    const DriverVmm* vmm = nullptr;
-    CUcontext context = nullptr;
+    return LedgerDeviceFacts{std::move(id), total, device};
+  }
+
+  /// Registers this process in `device`'s ledger, as resolve_ledger decides.
+  Expected<DeviceAccount> register_device(CUdevice device) {
+    auto config = Config::from_env();
+    if (!config) return std::move(config).error();
     if (pool_mode_) {
-      auto found = DriverVmm::find();
-      if (!found)
+      if (auto found = DriverVmm::find(); !found)
         return Error(found.error().code(), "--pool " + std::string(mode_name(*pool_mode_)) + ": " +
                                                found.error().message());
-      vmm = *found;
-      vmm->get_current(&context);  // the pool's calls are made in the context current now
     }
-    *driver = std::make_shared<DriverDevice>(device, std::move(id), total, vmm, context);
-    return LedgerDevice::create(*driver, options);
+    Expected<LedgerDeviceFacts> facts = device_facts(device);
+    if (!facts) return std::move(facts).error();
+    Expected<LedgerOptions> options = resolve_ledger(*config, *facts);
+    if (!options) return std::move(options).error();
+    // An unmodified program cannot give cached memory back when asked. The
+    // pool of --pool can: the account's thread answers for it (its trim, with
+    // the device's context made current) and reports what it holds unused.
+    if (!pool_mode_) options->poll_period = std::chrono::milliseconds(0);
+    auto account = LedgerAccount::open(facts->id, facts->total_bytes, std::move(*options));
+    if (!account) return std::move(account).error();
+    return DeviceAccount{std::move(*account), std::move(*facts)};
   }
 
   /// A device whose ledger entry could not be registered gets nothing (its
@@ -839,12 +798,12 @@ class Interposer {
 
   void shut_down() {
     if (trace_ != nullptr) trace_->flush(/*last=*/true);
-    std::map<CUdevice, std::shared_ptr<LedgerDevice>> ledgers;
+    std::map<CUdevice, std::shared_ptr<const DeviceAccount>> accounts;
     std::map<CUdevice, ServingPool> pools;
     {
       std::lock_guard lock(mutex_);
       stopped_ = true;
-      ledgers.swap(ledgers_);
+      accounts.swap(accounts_);
       pools.swap(pools_);
       addresses_.clear();
       handles_.clear();
@@ -852,15 +811,15 @@ class Interposer {
     }
     report_pools(pools);
     pools.clear();    // each gives its memory back to the driver
-    ledgers.clear();  // each clears its entry in the segment
+    accounts.clear();  // each clears its entry in the segment (a call in flight holds its own)
   }
 
   /// A forked child is not the process registered: forget the entries
   /// without clearing them (the parent still holds them).
   void forget_after_fork() {
-    static std::vector<std::shared_ptr<LedgerDevice>>* parents = new std::vector<std::shared_ptr<LedgerDevice>>();
-    for (auto& [device, ledger] : ledgers_) parents->push_back(std::move(ledger));
-    ledgers_.clear();
+    static auto* parents = new std::vector<std::shared_ptr<const DeviceAccount>>();
+    for (auto& [device, entry] : accounts_) parents->push_back(std::move(entry));
+    accounts_.clear();
     for (auto& [device, serving] : pools_) (void)serving.pool.release();  // the parent's memory: not freed here
     pools_.clear();
     served_.clear();
@@ -873,7 +832,7 @@ class Interposer {
 
   std::mutex mutex_;
   bool stopped_ = false;
-  std::map<CUdevice, std::shared_ptr<LedgerDevice>> ledgers_;
+  std::map<CUdevice, std::shared_ptr<const DeviceAccount>> accounts_;
   std::set<CUdevice> said_failed_;
   std::map<CUdeviceptr, Allocation> addresses_;
   std::map<CUmemGenericAllocationHandle, Allocation> handles_;

@@ -452,7 +452,7 @@ py::dict ledger_snapshot(const std::optional<std::string>& segment) {
       name = *segment;
     } else {
       // The ledger the environment configures (as `tidepool ledger`), read without registering.
-      name = take(configured_ledger_name(take(Config::from_env())));
+      name = take(resolve_ledger(take(Config::from_env()))).segment_name;
     }
     auto ledger = take(Ledger::open_existing(name));
     return take(ledger->snapshot());

@@ -9,7 +9,8 @@
 // in use, rounded to 256, never above it), before the driver is asked. The
 // pool allocates from the driver directly, around any decorator of the
 // device: the stack refuses it over the cross-process ledger
-// (mode_supported). Unlike XLA it uses a pool of its own
+// (mode_supported), whose account cannot bound what the driver's pool holds
+// (docs/ledger.md, "Why cuda_async is refused"). Unlike XLA it uses a pool of its own
 // (cudaMemPoolCreate) rather than the device's default pool, so its reserved
 // bytes and trim() concern this allocator only.
 //

@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +26,7 @@
 
 #include "tidepool/device.hpp"
 #include "tidepool/error.hpp"
+#include "tidepool/ledger_account.hpp"
 
 namespace tidepool {
 
@@ -165,8 +165,9 @@ struct LedgerSegmentOptions {
 };
 
 /// A handle on one ledger segment, mapped into this process. Thread-safe.
-/// Entries are registered by LedgerDevice; a Ledger on its own reads the
-/// segment and clears dead entries (the `tidepool ledger` command).
+/// Entries are registered by a LedgerAccount, which owns its Ledger; a
+/// Ledger on its own reads the segment and clears dead entries (the
+/// `tidepool ledger` command), registering nothing.
 class Ledger {
  public:
   /// Opens the segment `options.name`, making it when it does not exist
@@ -201,7 +202,7 @@ class Ledger {
   Status with_lock_held(const std::function<void()>& while_held);
 
   struct Segment;  // the mapping and its operations (src/share/)
-  /// The mapping, for LedgerDevice.
+  /// The mapping, for LedgerAccount.
   Segment& segment() const { return *segment_; }
 
  private:
@@ -209,120 +210,50 @@ class Ledger {
   std::unique_ptr<Segment> segment_;
 };
 
-/// What LedgerDevice calls to make the process's pools give cached memory
-/// back. The config layer registers them for the pool it builds over the
-/// device; they are called from the background thread or from
-/// LedgerDevice::answer_trim_requests, never from inside a device call.
-struct TrimHooks {
-  /// Returns every cached, fully free piece of memory to the device
-  /// (Allocator::trim); returns the bytes released.
-  std::function<std::size_t()> trim;
-  /// Bytes held from the device and not in use (reserved - in use).
-  std::function<std::size_t()> cached_free_bytes;
-  /// Bytes of sleeping tags (ExpandablePool::sleep): given back, to be taken
-  /// again at wake. Unset: 0.
-  std::function<std::size_t()> asleep_bytes;
-};
-
-/// How a process takes part in a device's ledger.
-struct LedgerOptions {
-  /// The segment; empty: ledger_segment_name(device id).
-  std::string segment_name;
-  /// The most all processes may reserve together; 0: the device's total.
-  std::size_t shared_limit_bytes = 0;
-  /// This process's quota (TIDEPOOL_QUOTA), at most the limit; 0: none.
-  std::size_t quota_bytes = 0;
-  /// Permissions of a new segment: 0600 or 0660.
-  unsigned mode = 0600;
-  /// When a reservation does not fit, post a trim request and wait for other
-  /// processes to release cached memory before reporting out_of_memory.
-  bool cooperative_trim = true;
-  /// The longest a short request waits for others' trims before out_of_memory.
-  std::chrono::milliseconds trim_wait{2000};
-  /// The longest a wake (a batch reservation, Device::create_many) waits for
-  /// the others to free or trim before out_of_memory. It asks them to trim
-  /// again each time they have answered.
-  std::chrono::milliseconds wake_wait{10000};
-  /// Period of the background thread that answers others' trim requests and
-  /// refreshes this process's cached-free report (every 10 periods); it runs
-  /// while trim hooks are set. 0: no thread (answer_trim_requests only).
-  std::chrono::milliseconds poll_period{10};
-  /// How long to wait for the ledger's lock before reporting a wedged ledger.
-  std::chrono::milliseconds lock_timeout{5000};
-};
-
-/// A device decorator that reserves every physical allocation (allocate,
-/// create) in the ledger before asking the device, and releases it when the
-/// memory goes back (free, release). Only these device calls and mem_info
+/// A device decorator over this process's LedgerAccount: every physical
+/// allocation (allocate, create, create_many) is reserved in the account
+/// before the device is asked, and given back when the memory goes back
+/// (free, release) or the device refuses. Only these calls and mem_info
 /// touch the ledger; a pool serving a request from its cache never does.
 ///
-/// mem_info() reports this process's share, as CUDA MPS reports a pinned
-/// memory limit: total is the quota (or the shared limit when there is none),
-/// free is what this process could reserve now. So a pool sized as a
-/// fraction of the total (XLA_CLIENT_MEM_FRACTION) takes that fraction of
-/// the quota.
+/// mem_info() is the account's share_of the device (the quota as total), so
+/// a pool sized as a fraction of the total (XLA_CLIENT_MEM_FRACTION) takes
+/// that fraction of the quota.
 class LedgerDevice final : public DeviceAdaptor {
  public:
-  /// Registers this process in the ledger of `upstream`. Clears dead entries
-  /// first. Errors: those of Ledger::open_or_create; invalid_argument for a
-  /// quota above the limit; out_of_memory when the quota does not fit beside
-  /// the commitments of the live processes (the message names them);
-  /// limit_reached when the segment has no free entry.
+  /// Registers this process in the ledger of `upstream`
+  /// (LedgerAccount::open with its id and total) and decorates it. Errors:
+  /// those of LedgerAccount::open.
   static Expected<std::shared_ptr<LedgerDevice>> create(std::shared_ptr<Device> upstream,
                                                         LedgerOptions options = {});
-  /// Stops the background thread and clears this process's entry (releasing
-  /// whatever is still reserved in it).
-  ~LedgerDevice() override;
-  LedgerDevice(const LedgerDevice&) = delete;
-  LedgerDevice& operator=(const LedgerDevice&) = delete;
+  /// `upstream` reserving in `account` (not null), registered already and
+  /// perhaps shared: the interposer's pool and the program's own calls
+  /// reserve in one account.
+  LedgerDevice(std::shared_ptr<Device> upstream, std::shared_ptr<LedgerAccount> account);
 
+  /// The upstream's, and the ledger it is shared through.
   std::string description() const override;
-  /// Reserves `bytes` in the ledger, then allocates. out_of_memory (naming
-  /// the processes that hold the device) when the reservation does not fit
-  /// after the trim wait.
+  /// Reserves `bytes`, then allocates. out_of_memory (naming the processes
+  /// that hold the device) when the reservation does not fit after the
+  /// trim wait.
   Expected<void*> allocate(std::size_t bytes) override;
-  /// Frees, then releases the reservation.
+  /// Frees, then gives the reservation back.
   Status free(void* ptr, std::size_t bytes) override;
-  /// This process's share: see the class comment.
+  /// The account's share of the upstream's figures.
   MemInfo mem_info() const override;
   /// As allocate, for physical memory.
   Expected<PhysicalHandle> create(std::size_t bytes) override;
-  /// As create, `count` times, with one reservation of the whole (one
-  /// bounded wait at most): how a pool's wake takes its memory back. A wait
-  /// is counted in the entry's wake_waits.
+  /// As create, `count` times, with one reservation of the whole
+  /// (LedgerAccount::reserve_many: one bounded wait at most).
   Expected<std::vector<PhysicalHandle>> create_many(std::size_t bytes_each, std::size_t count) override;
-  /// Writes the hooks' reports (cached free, asleep bytes) into this
-  /// process's entry now, rather than at the background thread's next turn.
-  void refresh_reports();
   /// As free, for physical memory.
   Status release(PhysicalHandle handle, std::size_t bytes) override;
 
-  /// Sets what answers other processes' trim requests and reports cached
-  /// memory, and starts the background thread. A process with a quota never
-  /// answers (its trim would give no one else budget); it still reports.
-  void set_trim_hooks(TrimHooks hooks);
-  /// Removes the hooks, waiting for a call in progress to return. Call before
-  /// the pool the hooks refer to is destroyed.
-  void clear_trim_hooks();
-  /// Whether another process has posted a trim request this process has not
-  /// answered yet: one atomic load, cheap enough for every allocator call.
-  bool trim_requested() const noexcept;
-  /// Answers pending trim requests now through the hooks (not from inside a
-  /// device call: the pool's trim takes the pool's lock). Returns the bytes
-  /// released.
-  std::size_t answer_trim_requests();
-
-  /// Bytes this process has reserved in the ledger.
-  std::size_t reserved_bytes() const;
-  /// This process's quota; 0: none.
-  std::size_t quota_bytes() const;
-  /// The ledger this device reserves in.
-  Ledger& ledger() const;
+  /// The account this device reserves in: trim hooks, reports, figures.
+  LedgerAccount& account() const { return *account_; }
 
  private:
-  struct State;
-  explicit LedgerDevice(std::shared_ptr<Device> upstream, std::unique_ptr<State> state);
-  std::unique_ptr<State> state_;
+  std::shared_ptr<LedgerAccount> account_;
 };
 
 }  // namespace tidepool

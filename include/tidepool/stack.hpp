@@ -11,6 +11,7 @@
 #include "tidepool/config.hpp"
 #include "tidepool/device.hpp"
 #include "tidepool/error.hpp"
+#include "tidepool/ledger_account.hpp"
 
 namespace tidepool {
 
@@ -25,20 +26,38 @@ std::string default_device_reason();
 /// host_capacity, or the CUDA device; then the ledger when enabled.
 Expected<std::shared_ptr<Device>> make_device(const Config& config);
 
-/// The ledger segment the configuration names for the device the
-/// configuration builds (TIDEPOOL_LEDGER_NAME, else the device's own name
-/// for this user, or group with TIDEPOOL_LEDGER_MODE=group), found without
-/// registering anywhere: what `tidepool ledger` and Python's ledger() read,
-/// and what the stack joins. Errors: those of building the bare device.
-Expected<std::string> configured_ledger_name(const Config& config);
-/// The same for the device of id `device_id`.
-std::string configured_ledger_name(const Config& config, std::string_view device_id);
+/// What the ledger needs of a device: its id (the default segment's name),
+/// its total (what a quota is a share of) and its place among this
+/// process's devices (a TIDEPOOL_LEDGER_NAME gets "-N" past the first).
+struct LedgerDeviceFacts {
+  std::string id;
+  std::size_t total_bytes = 0;
+  int index = 0;
+
+  /// `device`'s id and total (mem_info).
+  static LedgerDeviceFacts of(const Device& device, int index = 0);
+};
+
+/// Which ledger a device of the configuration joins, and how: the segment
+/// (TIDEPOOL_LEDGER_NAME, else the device's own name for this user, or its
+/// group with TIDEPOOL_LEDGER_MODE=group; always set), its mode, the wake
+/// wait and the quota resolved against the device's total. The one
+/// decision: the stack and `tidepool run`'s interposer register with it;
+/// `tidepool ledger`, `tidepool info` and Python's ledger() read its
+/// segment_name and register nothing. Errors: a quota of 0 bytes, naming
+/// its variable.
+Expected<LedgerOptions> resolve_ledger(const Config& config, const LedgerDeviceFacts& device);
+/// resolve_ledger for the device the configuration builds, built without
+/// the ledger (and not at all when nothing resolved depends on it: a
+/// TIDEPOOL_LEDGER_NAME and no quota), so that resolving registers nothing.
+/// Errors: those of building the device, and resolve_ledger's.
+Expected<LedgerOptions> resolve_ledger(const Config& config);
 
 /// `device` guarded by the cross-process ledger of its id, this process
 /// registered with config.quota resolved against the device's total and
 /// config.ledger_mode for a new segment; what make_device does when
-/// config.ledger is on. Errors: those of LedgerDevice::create, the quota's
-/// naming TIDEPOOL_QUOTA.
+/// config.ledger is on (resolve_ledger, then LedgerDevice::create). Errors:
+/// those of both, the quota's naming its variable.
 Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
                                                      std::shared_ptr<Device> device);
 

@@ -1,5 +1,6 @@
-// The cross-process ledger in the stack: the device decorator with the
-// process's quota, and the pool's trim as the process's answer to others.
+// The cross-process ledger in the stack: which ledger and which quota (the
+// one resolution), the device decorator over the process's account, and the
+// pool's trim as the process's answer to others.
 #include "stack/ledger_stack.hpp"
 
 #include <string>
@@ -27,13 +28,14 @@ LedgerDevice* find_ledger_device(Device& device) {
 namespace {
 
 /// Owns a pool whose trim answers the ledger's requests. The pool holds the
-/// device chain, so the LedgerDevice outlives this object; the hooks are
+/// device chain, so the LedgerDevice (and its account) outlives this
+/// object; the hooks are
 /// cleared first in the destructor, so none runs on a destroyed pool. A
 /// sleep or wake through it writes the process's asleep bytes into the
 /// ledger at once.
 class LedgerTrimmedAllocator final : public Allocator, public Sleepable {
  public:
-  LedgerTrimmedAllocator(std::unique_ptr<Allocator> pool, LedgerDevice& ledger, bool answers_trim)
+  LedgerTrimmedAllocator(std::unique_ptr<Allocator> pool, LedgerAccount& ledger, bool answers_trim)
       : pool_(std::move(pool)), ledger_(ledger) {
     Allocator& pool_ref = *pool_;
     TrimHooks hooks;
@@ -80,44 +82,45 @@ class LedgerTrimmedAllocator final : public Allocator, public Sleepable {
 
  private:
   std::unique_ptr<Allocator> pool_;
-  LedgerDevice& ledger_;
+  LedgerAccount& ledger_;
 };
 
 }  // namespace
 
-std::string configured_ledger_name(const Config& config, std::string_view device_id) {
-  return config.ledger_name.value.empty() ? ledger_segment_name(device_id, config.ledger_mode.value)
-                                          : config.ledger_name.value;
+LedgerDeviceFacts LedgerDeviceFacts::of(const Device& device, int index) {
+  return LedgerDeviceFacts{device.id(), device.mem_info().total_bytes, index};
 }
 
-Expected<std::string> configured_ledger_name(const Config& config) {
-  if (!config.ledger_name.value.empty()) return config.ledger_name.value;
+Expected<LedgerOptions> resolve_ledger(const Config& config, const LedgerDeviceFacts& device) {
+  LedgerOptions options;
+  options.mode = config.ledger_mode.value;
+  if (const std::string& name = config.ledger_name.value; !name.empty())
+    options.segment_name = device.index == 0 ? name : name + "-" + std::to_string(device.index);
+  else
+    options.segment_name = ledger_segment_name(device.id, options.mode);
+  options.wake_wait = config.wake_wait.value;
+  if (config.quota.value) {
+    options.quota_bytes = config.quota.value->resolve(device.total_bytes);
+    if (options.quota_bytes == 0)
+      return Error(Errc::invalid_argument, config.quota.source + "='" + config.quota.text + "' is 0 bytes of the " +
+                                               format_bytes(device.total_bytes) + " device; allowed: a larger quota");
+  }
+  return options;
+}
+
+Expected<LedgerOptions> resolve_ledger(const Config& config) {
+  if (!config.ledger_name.value.empty() && !config.quota.value) return resolve_ledger(config, LedgerDeviceFacts{});
   Config bare = config;
   bare.ledger.value = false;  // the device alone: with the ledger on, building it would register this process
   auto device = make_device(bare);
   if (!device) return std::move(device).error();
-  return configured_ledger_name(config, (*device)->id());
-}
-
-Expected<LedgerOptions> ledger_options(const Config& config, std::size_t device_total, int device_index) {
-  LedgerOptions options;
-  options.mode = config.ledger_mode.value;
-  if (const std::string& name = config.ledger_name.value; !name.empty())
-    options.segment_name = device_index == 0 ? name : name + "-" + std::to_string(device_index);
-  options.wake_wait = config.wake_wait.value;
-  if (config.quota.value) {
-    options.quota_bytes = config.quota.value->resolve(device_total);
-    if (options.quota_bytes == 0)
-      return Error(Errc::invalid_argument, config.quota.source + "='" + config.quota.text + "' is 0 bytes of the " +
-                                               format_bytes(device_total) + " device; allowed: a larger quota");
-  }
-  return options;
+  return resolve_ledger(config, LedgerDeviceFacts::of(**device));
 }
 
 Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
                                                      std::shared_ptr<Device> device) {
   if (!device) return Error(Errc::invalid_argument, "make_ledger_device: no device");
-  Expected<LedgerOptions> options = ledger_options(config, device->mem_info().total_bytes);
+  Expected<LedgerOptions> options = resolve_ledger(config, LedgerDeviceFacts::of(*device));
   if (!options) return std::move(options).error();
   auto ledger = LedgerDevice::create(std::move(device), *options);
   if (!ledger) {
@@ -138,7 +141,7 @@ std::unique_ptr<Allocator> with_ledger_trim_hooks(Mode mode, std::unique_ptr<All
   // (it would preallocate it again at the next allocation): it reports, it does
   // not answer.
   const bool answers_trim = mode != Mode::preallocate;
-  return std::make_unique<LedgerTrimmedAllocator>(std::move(pool), *ledger, answers_trim);
+  return std::make_unique<LedgerTrimmedAllocator>(std::move(pool), ledger->account(), answers_trim);
 }
 
 }  // namespace tidepool

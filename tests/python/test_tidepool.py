@@ -260,6 +260,18 @@ def test_ledger_reads_the_configured_name_without_registering(monkeypatch, ledge
         pool.free(block)
 
 
+def test_ledger_with_a_quota_builds_the_device_but_registers_nothing(monkeypatch, ledger_segment):
+    # The quota is resolved against the device (built without the ledger); the
+    # named segment is only read, so it is still missing afterwards.
+    monkeypatch.setenv("TIDEPOOL_DEVICE", "host")
+    monkeypatch.setenv("TIDEPOOL_HOST_CAPACITY", "1GiB")
+    monkeypatch.setenv("TIDEPOOL_QUOTA", "25%")
+    monkeypatch.setenv("TIDEPOOL_LEDGER_NAME", ledger_segment)
+    with pytest.raises(tidepool.IOError, match=ledger_segment):
+        tidepool.ledger()
+    assert not os.path.exists("/dev/shm" + ledger_segment)
+
+
 def test_ledger_shows_a_running_process():
     cli, app = os.environ.get("CLI_PATH"), os.environ.get("PRELOAD_APP")
     if not cli or not app:

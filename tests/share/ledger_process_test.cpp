@@ -133,8 +133,8 @@ int random_worker(const std::string& segment, unsigned seed, int iterations, Pip
         else return fail(7, "allocate: " + ptr.error().message());
       }
     }
-    if ((*device)->reserved_bytes() != tally) {  // the ledger agrees with us at every step
-      return fail(8, "the ledger says " + std::to_string((*device)->reserved_bytes()) + " bytes reserved, the worker " +
+    if ((*device)->account().reserved_bytes() != tally) {  // the ledger agrees with us at every step
+      return fail(8, "the ledger says " + std::to_string((*device)->account().reserved_bytes()) + " bytes reserved, the worker " +
                          std::to_string(tally));
     }
   }
@@ -276,7 +276,7 @@ int caching_process(const std::string& segment, bool answer, Pipe& report, Pipe&
     cache.push_back(*handle);
   }
   if (answer) {
-    device->set_trim_hooks(TrimHooks{
+    device->account().set_trim_hooks(TrimHooks{
         [&] {
           std::lock_guard lock(cache_mutex);
           std::size_t released = 0;
@@ -293,7 +293,7 @@ int caching_process(const std::string& segment, bool answer, Pipe& report, Pipe&
   }
   report.write_line("cached");
   (void)go.read_line(30s);
-  device->clear_trim_hooks();
+  device->account().clear_trim_hooks();
   for (PhysicalHandle handle : cache) (void)device->release(handle, MiB);
   return 0;
 }

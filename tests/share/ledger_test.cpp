@@ -223,8 +223,8 @@ TEST(LedgerDevice, ReservesBeforeAllocatingAndReleasesAfterFreeing) {
   ASSERT_TRUE(ptr) << ptr.error().message();
   auto handle = device->create(5 * MiB);
   ASSERT_TRUE(handle) << handle.error().message();
-  EXPECT_EQ(device->reserved_bytes(), 8 * MiB);
-  auto snapshot = device->ledger().snapshot();
+  EXPECT_EQ(device->account().reserved_bytes(), 8 * MiB);
+  auto snapshot = device->account().ledger().snapshot();
   ASSERT_TRUE(snapshot);
   ASSERT_EQ(snapshot->entries.size(), 1u);
   EXPECT_EQ(snapshot->entries[0].pid, getpid());
@@ -232,8 +232,8 @@ TEST(LedgerDevice, ReservesBeforeAllocatingAndReleasesAfterFreeing) {
   EXPECT_EQ(snapshot->reserved_bytes, 8 * MiB);
   ASSERT_TRUE(device->free(*ptr, 3 * MiB));
   ASSERT_TRUE(device->release(*handle, 5 * MiB));
-  EXPECT_EQ(device->reserved_bytes(), 0u);
-  EXPECT_EQ(device->ledger().snapshot()->peak_reserved_bytes, 8 * MiB);
+  EXPECT_EQ(device->account().reserved_bytes(), 0u);
+  EXPECT_EQ(device->account().ledger().snapshot()->peak_reserved_bytes, 8 * MiB);
 }
 
 TEST(LedgerDevice, AFailedDeviceCallLeavesNoReservation) {
@@ -242,9 +242,9 @@ TEST(LedgerDevice, AFailedDeviceCallLeavesNoReservation) {
   // Not a multiple of the granularity: the host device refuses it.
   auto handle = device->create(MiB + 1);
   ASSERT_FALSE(handle);
-  EXPECT_EQ(device->reserved_bytes(), 0u);
+  EXPECT_EQ(device->account().reserved_bytes(), 0u);
   EXPECT_FALSE(device->free(reinterpret_cast<void*>(0x1000), 4096));
-  EXPECT_EQ(device->reserved_bytes(), 0u);
+  EXPECT_EQ(device->account().reserved_bytes(), 0u);
 }
 
 TEST(LedgerDevice, TwoEntriesNeverReserveMoreThanTheLimit) {
@@ -396,7 +396,7 @@ TEST(LedgerLock, AHolderKilledWhileHoldingItDoesNotWedgeTheOthers) {
   // The next locker gets EOWNERDEAD, makes the lock consistent and goes on.
   auto handle = device->create(8 * MiB);
   ASSERT_TRUE(handle) << handle.error().message();
-  auto snapshot = device->ledger().snapshot().value();
+  auto snapshot = device->account().ledger().snapshot().value();
   EXPECT_EQ(snapshot.lock_recoveries, 1u);
   EXPECT_EQ(snapshot.reserved_bytes, 8 * MiB);
   ASSERT_TRUE(device->release(*handle, 8 * MiB));

@@ -121,8 +121,8 @@ TEST(LedgerTrust, ASegmentTruncatedUnderALiveProcessIsAnErrorNotASigbus) {
     if (!contains(refused.error().message(), "shrank to 0 bytes")) return 14;
     (void)(*device)->mem_info();
     if (!(*device)->free(*block, 4 * MiB)) return 15;  // the device's memory still goes back
-    if ((*device)->trim_requested()) return 16;
-    auto snapshot = (*device)->ledger().snapshot();
+    if ((*device)->account().trim_requested()) return 16;
+    auto snapshot = (*device)->account().ledger().snapshot();
     if (snapshot) return 17;
     device->reset();  // the destructor leaves the shrunk segment alone
     return 0;
@@ -172,8 +172,8 @@ TEST(LedgerTrust, AForkedChildNeverTouchesItsParentsEntry) {
   auto done = from_child.read_line(20s);
   ASSERT_TRUE(done);
   EXPECT_EQ(*done, "done 0");
-  EXPECT_EQ((*third)->reserved_bytes(), 8 * MiB);
-  auto snapshot = (*third)->ledger().snapshot();
+  EXPECT_EQ((*third)->account().reserved_bytes(), 8 * MiB);
+  auto snapshot = (*third)->account().ledger().snapshot();
   ASSERT_TRUE(snapshot);
   ASSERT_EQ(snapshot->entries.size(), 1u);
   EXPECT_EQ(snapshot->entries[0].pid, getpid());

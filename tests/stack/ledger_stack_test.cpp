@@ -113,6 +113,68 @@ TEST(LedgerVariables, Mode) {
   }
 }
 
+// --- which ledger: resolve_ledger ----------------------------------------------
+
+TEST(ResolveLedger, TheDevicesOwnSegmentAndTheQuotaOfItsTotal) {
+  const LedgerDeviceFacts device{"host:resolve-test", 64 * MiB, 0};
+  Config config = load_ok({{"TIDEPOOL_QUOTA", "25%"}, {"TIDEPOOL_WAKE_WAIT", "3s"}});
+  auto options = resolve_ledger(config, device);
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->segment_name, ledger_segment_name("host:resolve-test"));
+  EXPECT_EQ(options->mode, 0600u);
+  EXPECT_EQ(options->quota_bytes, 16 * MiB);
+  EXPECT_EQ(options->wake_wait, 3s);
+  Config group = load_ok({{"TIDEPOOL_LEDGER", "on"}, {"TIDEPOOL_LEDGER_MODE", "group"}});
+  auto grouped = resolve_ledger(group, device);
+  ASSERT_TRUE(grouped) << grouped.error().message();
+  EXPECT_EQ(grouped->segment_name, ledger_segment_name("host:resolve-test", 0660));
+  EXPECT_EQ(grouped->mode, 0660u);
+  EXPECT_EQ(grouped->quota_bytes, 0u);
+}
+
+TEST(ResolveLedger, AConfiguredNameIsKeptAndNumberedPastTheFirstDevice) {
+  Config config = load_ok({{"TIDEPOOL_LEDGER", "on"}, {"TIDEPOOL_LEDGER_NAME", "/resolve-test"}});
+  EXPECT_EQ(resolve_ledger(config, {"host:a", 64 * MiB, 0}).value().segment_name, "/resolve-test");
+  EXPECT_EQ(resolve_ledger(config, {"host:b", 64 * MiB, 2}).value().segment_name, "/resolve-test-2");
+}
+
+TEST(ResolveLedger, AQuotaOfNoBytesNamesItsVariable) {
+  Config config = load_ok({{"TIDEPOOL_QUOTA", "0.0000000001"}});
+  auto options = resolve_ledger(config, {"host:resolve-test", 64 * MiB, 0});
+  ASSERT_FALSE(options);
+  EXPECT_EQ(options.error().code(), Errc::invalid_argument);
+  EXPECT_NE(options.error().message().find("TIDEPOOL_QUOTA='0.0000000001' is 0 bytes of the 64.0 MiB device"),
+            std::string::npos)
+      << options.error().message();
+}
+
+TEST(ResolveLedger, ResolvingForTheConfiguredDeviceRegistersNothing) {
+  const std::string segment = "/tidepool-resolve-test-" + std::to_string(getpid());
+  shm_unlink(segment.c_str());
+  // With a quota the device is built (bare) to resolve it against its total.
+  Config config = load_ok({{"TIDEPOOL_DEVICE", "host"}, {"TIDEPOOL_HOST_CAPACITY", "64MiB"},
+                           {"TIDEPOOL_QUOTA", "50%"}, {"TIDEPOOL_LEDGER_NAME", segment}});
+  auto options = resolve_ledger(config);
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->segment_name, segment);
+  EXPECT_EQ(options->quota_bytes, 32 * MiB);
+  EXPECT_FALSE(Ledger::open_existing(segment)) << "resolving created " << segment;
+  // Without a name, the device's own segment; the device is built without the ledger.
+  Config unnamed = load_ok({{"TIDEPOOL_DEVICE", "host"}, {"TIDEPOOL_HOST_CAPACITY", "64MiB"},
+                            {"TIDEPOOL_LEDGER", "on"}});
+  Config bare = unnamed;
+  bare.ledger.value = false;
+  const std::string own = ledger_segment_name(make_device(bare).value()->id());
+  const bool existed = static_cast<bool>(Ledger::open_existing(own));
+  EXPECT_EQ(resolve_ledger(unnamed).value().segment_name, own);
+  auto after = Ledger::open_existing(own);
+  EXPECT_EQ(static_cast<bool>(after), existed) << "resolving created " << own;
+  if (!after) return;
+  const LedgerSnapshot snapshot = after.value()->snapshot().value();
+  for (const LedgerEntryInfo& entry : snapshot.entries)
+    EXPECT_NE(entry.pid, getpid()) << "resolving registered this process in " << own;
+}
+
 // --- the device --------------------------------------------------------------
 
 TEST(LedgerStack, TheQuotaIsResolvedAgainstTheDeviceAndIsTheTotalThePoolSees) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tidepool/ledger.hpp"
 #include "tools/run_cli.hpp"
 
 namespace {
@@ -102,6 +103,9 @@ TEST(TidepoolInfo, ShowsTheSchedulersQuotaAndWhereItCameFrom) {
   EXPECT_TRUE(contains(result.out, "CUDA_DEVICE_MEMORY_LIMIT_0=2g")) << result.out;
   EXPECT_TRUE(contains(result.out, "ledger             on")) << result.out;
   EXPECT_TRUE(contains(result.out, "the container's device memory limit")) << result.out;
+  EXPECT_TRUE(contains(result.out, "on (segment " + segment + ")")) << result.out;
+  // Resolving the quota against the device built nothing in the ledger.
+  EXPECT_FALSE(tidepool::Ledger::open_existing(segment)) << "tidepool info created " << segment;
   shm_unlink(segment.c_str());
 }
 

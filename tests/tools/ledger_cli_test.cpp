@@ -80,11 +80,11 @@ class LedgerCommand : public ::testing::Test {
     ASSERT_EQ(ready.read_line(10s), "holding");
     child_->kill9();
     // Set after the fork: the report runs on the ledger's background thread.
-    self_->set_trim_hooks(TrimHooks{{}, [] { return std::size_t{1} * MiB; }, [] { return std::size_t{3} * MiB; }});
+    self_->account().set_trim_hooks(TrimHooks{{}, [] { return std::size_t{1} * MiB; }, [] { return std::size_t{3} * MiB; }});
   }
   void TearDown() override {
     if (self_) {
-      self_->clear_trim_hooks();
+      self_->account().clear_trim_hooks();
       (void)self_->release(handle_, 4 * MiB);
     }
   }
