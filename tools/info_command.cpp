@@ -23,13 +23,13 @@ struct InfoOptions {
 struct Row {
   std::string name;
   std::string value;
-  std::string source;
-  std::string text;  // the variable's text, empty for a default
+  std::string source;  // "default" or the variable's name (SettingSource::source)
+  std::string text;  // the text given, empty for a default
 };
 
 template <class T>
 Row row(std::string name, const Setting<T>& setting, std::string value) {
-  return {std::move(name), std::move(value), setting.source, setting.text};
+  return {std::move(name), std::move(value), setting.source(), setting.text};
 }
 
 std::string fraction_text(double fraction) { return fmt::format("{:g}", fraction); }

@@ -74,12 +74,11 @@ int null_argument(const char* function, const char* argument) {
               std::string(function) + ": " + argument + " is NULL");
 }
 
-/// `keys`: the config came from a config string, whose keys the OOM advice
-/// names; else from the environment, whose variables it names.
-int create_from(const tidepool::Expected<tidepool::Config>& config, bool keys, tidepool_allocator** out) {
+/// The OOM advice names the settings as the config does: by key for a
+/// config string, by variable for the environment.
+int create_from(const tidepool::Expected<tidepool::Config>& config, tidepool_allocator** out) {
   if (!config) return fail(config.error());
-  auto stack = tidepool::bindings::make_stack(*config, keys ? tidepool::bindings::key_words(*config)
-                                                             : config->oom_words());
+  auto stack = tidepool::bindings::make_stack(*config);
   if (!stack) return fail(stack.error());
   std::string name(stack->allocator->name());
   *out = new tidepool_allocator{std::move(*stack), std::move(name)};
@@ -132,16 +131,16 @@ const char* tidepool_last_error(void) { return last_error.c_str(); }
 int tidepool_create(const char* config, tidepool_allocator** out) {
   return guarded("tidepool_create", [&]() -> int {
     if (out == nullptr) return null_argument("tidepool_create", "out");
-    auto settings = tidepool::bindings::parse_config_string(config ? config : "");
+    auto settings = tidepool::parse_config_string(config ? config : "");
     if (!settings) return fail(settings.error());
-    return create_from(tidepool::bindings::config_from_settings(*settings), true, out);
+    return create_from(tidepool::Config::from_keys(*settings), out);
   });
 }
 
 int tidepool_create_from_env(tidepool_allocator** out) {
   return guarded("tidepool_create_from_env", [&]() -> int {
     if (out == nullptr) return null_argument("tidepool_create_from_env", "out");
-    return create_from(tidepool::Config::from_env(), false, out);
+    return create_from(tidepool::Config::from_env(), out);
   });
 }
 

@@ -726,7 +726,7 @@ class Interposer {
     if (config->mem_fraction.is_default()) pool_words_.limit = config->quota.value ? "--quota" : "";
     // The pool may take the whole device (or quota) unless a fraction is set:
     // the program under it asked for no preallocation of its own.
-    if (config->mem_fraction.is_default()) config->mem_fraction = Setting<double>(1.0, "tidepool run --pool", "1");
+    if (config->mem_fraction.is_default()) config->mem_fraction = Setting<double>(1.0, {Origin::program, "tidepool run --pool", "1"});
     CUcontext context = nullptr;
     (*vmm)->get_current(&context);  // the pool's calls are made in the context current now
     auto driver = std::make_shared<DriverDevice>(device, entry.facts.id, entry.facts.total_bytes, **vmm, context);

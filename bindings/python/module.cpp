@@ -186,16 +186,16 @@ class PyAllocator {
   explicit PyAllocator(bindings::Stack stack) : stack_(std::move(stack)) {}
 
   static std::unique_ptr<PyAllocator> from_settings(const py::kwargs& kwargs) {
-    bindings::Settings settings;
+    KeyValues settings;
     for (const auto& [key, value] : kwargs) {
       if (value.is_none()) continue;  // None: the default
       const std::string name = py::str(key).cast<std::string>();
       settings.emplace_back(name, setting_text(name, value));
     }
     py::gil_scoped_release unlocked;  // preallocation and the ledger's lock can take a while
-    return build(bindings::config_from_settings(settings), true);
+    return build(Config::from_keys(settings));
   }
-  static std::unique_ptr<PyAllocator> from_env() { return build(Config::from_env(), false); }
+  static std::unique_ptr<PyAllocator> from_env() { return build(Config::from_env()); }
 
   std::uintptr_t allocate(std::size_t bytes, Stream stream) {
     const Open held = open();  // stack_.words too, until it returns
@@ -265,11 +265,10 @@ class PyAllocator {
   }
 
  private:
-  /// `keys`: the OOM advice names the keyword arguments, else the variables.
-  static std::unique_ptr<PyAllocator> build(Expected<Config> config, bool keys) {
-    const Config made = take(std::move(config));
-    return std::make_unique<PyAllocator>(
-        take(bindings::make_stack(made, keys ? bindings::key_words(made) : made.oom_words())));
+  /// The OOM advice names the settings as the config does: the keyword
+  /// arguments, or the variables.
+  static std::unique_ptr<PyAllocator> build(Expected<Config> config) {
+    return std::make_unique<PyAllocator>(take(bindings::make_stack(take(std::move(config)))));
   }
   /// The pool, held open for one call: the hold lasts to the end of the
   /// caller's full expression, so close() cannot destroy the stack under it.
@@ -407,7 +406,7 @@ py::list replay(const std::string& source, const std::optional<std::vector<std::
   trace::ReplayOptions options;
   if (!capacity.is_none()) options.capacity_bytes = bytes_argument("capacity", capacity);
   if (!mem_fraction.is_none())
-    options.config = take(bindings::config_from_settings({{"mem_fraction", setting_text("mem_fraction", mem_fraction)}}));
+    options.config = take(Config::from_keys({{"mem_fraction", setting_text("mem_fraction", mem_fraction)}}));
   options.find_min_capacity = find_min_capacity;
   options.verify_contents = verify_contents;
   std::vector<Mode> modes;
@@ -649,8 +648,8 @@ the recorded allocator's row when the trace has segment events).)doc");
         "device the environment configures. Raises IOError when there is no such segment.");
   m.def("setting_keys", [] {
     py::dict out;
-    for (const auto& [key, variable] : bindings::setting_keys())
-      out[py::str(std::string(key))] = std::string(variable);
+    for (const SettingName& setting : setting_names())
+      if (!setting.key.empty()) out[py::str(std::string(setting.key))] = std::string(setting.variable);
     return out;
   }, "The Allocator keywords and the TIDEPOOL_* variables they stand for.");
   m.attr("__version__") = TIDEPOOL_VERSION;

@@ -37,7 +37,7 @@ Expected<tidepool::Allocator*> allocator_for(int device) {
   if (auto it = g_stacks->find(device); it != g_stacks->end()) return it->second.allocator.get();
   auto config = tidepool::Config::from_env();
   if (!config) return std::move(config).error();
-  config->device = {tidepool::DeviceKind::cuda, "tidepool.torch device", "cuda"};
+  config->device = {tidepool::DeviceKind::cuda, {tidepool::Origin::program, "tidepool.torch device", "cuda"}};
   for (const std::string& warning : config->warnings) std::fprintf(stderr, "tidepool: warning: %s\n", warning.c_str());
   std::shared_ptr<tidepool::Device> cuda;
   if (device == 0) {

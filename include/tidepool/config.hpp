@@ -1,5 +1,5 @@
-// Configuration from the environment: every setting parsed, with where it
-// came from. Building the stack from it is the stack layer's (stack.hpp).
+// Configuration from the environment or a config string: every setting
+// parsed, with where it came from (Origin) and the name the user gave it. Building the stack from it is the stack layer's (stack.hpp).
 //
 // JAX's variables keep JAX's meaning (jaxlib's xla_client.py
 // generate_pjrt_gpu_plugin_options and XLA's GpuAllocatorConfig):
@@ -59,22 +59,78 @@ struct Quota {
   std::string to_string() const;
 };
 
-/// A value and where it came from.
-template <class T>
-struct Setting {
-  Setting() = default;
-  /// A default value, or one read from `variable_name` as `variable_text`.
-  Setting(T initial, std::string variable_name = "default", std::string variable_text = {})
-      : value(std::move(initial)), source(std::move(variable_name)), text(std::move(variable_text)) {}
+/// Where a setting's value came from. Decisions that depend on who set a
+/// value (JAX's loose rules or tidepool's strict ones, JAX's default pool)
+/// test this, never the name.
+enum class Origin {
+  default_value,      // nothing set it
+  jax_variable,       // one of JAX's variables (XLA_PYTHON_CLIENT_PREALLOCATE, ...)
+  tidepool_variable,  // one of tidepool's TIDEPOOL_* variables
+  plugin_variable,    // a GPU-sharing device plugin's limit (HAMi's CUDA_DEVICE_MEMORY_LIMIT)
+  config_key,         // a key of a config string or a Python keyword (mem_fraction=0.5)
+  program,            // the program that read the settings (`tidepool run --pool`)
+};
 
-  T value{};
-  /// "default", or the name of the variable that set it.
-  std::string source = "default";
-  /// The variable's text as found in the environment; empty for a default.
+/// How a setting was set: its origin, the name the user set it by and the
+/// text they wrote. Messages about a setting use these, so they speak the
+/// user's vocabulary (a variable, or a key) without translation.
+struct SettingSource {
+  Origin origin = Origin::default_value;
+  /// The variable or key as the user wrote it ("XLA_CLIENT_MEM_FRACTION",
+  /// "mem_fraction"); empty for a default. Where two settings decided one
+  /// value (the mode), both names: "TIDEPOOL_ALLOCATOR, TIDEPOOL_PREALLOCATE".
+  std::string name;
+  /// The value's text as given; empty for a default.
   std::string text;
 
-  bool is_default() const noexcept { return source == "default"; }
+  bool is_default() const noexcept { return origin == Origin::default_value; }
+  /// True for tidepool's own settings, by variable or key, which are read
+  /// strictly (JAX's are read as JAX reads them).
+  bool is_tidepool() const noexcept {
+    return origin == Origin::tidepool_variable || origin == Origin::config_key;
+  }
+  /// "default", or the name: the source `tidepool info` shows.
+  std::string source() const { return is_default() ? "default" : name; }
+  /// name='text' for a message, a long text cut (format_excerpt).
+  std::string quoted() const;
 };
+
+/// A value and where it came from.
+template <class T>
+struct Setting : SettingSource {
+  Setting() = default;
+  /// A default value, or one set as `from` says.
+  Setting(T initial, SettingSource from = {}) : SettingSource(std::move(from)), value(std::move(initial)) {}
+
+  T value{};
+};
+
+/// One of tidepool's settings by its two names: the environment's variable
+/// and the key a config string (or a Python keyword) sets it by; an empty
+/// key where a config string cannot set it.
+struct SettingName {
+  std::string_view variable;
+  std::string_view key;
+};
+
+/// Every TIDEPOOL_* variable tidepool reads, with its key (a TIDEPOOL_*
+/// variable not listed is reported as probably misspelt). Those with a key
+/// are the config string's keys, in this order.
+std::span<const SettingName> setting_names() noexcept;
+
+/// How a configuration names tidepool's settings in what it says: by
+/// variable (read from the environment) or by key (a config string).
+enum class Vocabulary { variables, keys };
+
+/// key -> value, in the order given: a config string's entries, Python's
+/// keyword arguments.
+using KeyValues = std::vector<std::pair<std::string, std::string>>;
+
+/// Parses "key=value,key=value" (spaces around keys and values ignored; an
+/// empty text is no settings). Errors (invalid_argument) name the text and
+/// the entry: a missing '=', an empty or unknown key (listing the keys), a
+/// key given twice.
+Expected<KeyValues> parse_config_string(std::string_view text);
 
 /// A getenv-like lookup: the value of a variable, or nullptr when unset.
 using GetEnv = std::function<const char*(const char* name)>;
@@ -119,6 +175,9 @@ struct Config {
   /// `tidepool run --ledger` sets); empty: named after the device's identity.
   Setting<std::string> ledger_name;
 
+  /// How the messages below, and later layers' (through each setting's
+  /// name), name tidepool's settings.
+  Vocabulary vocabulary = Vocabulary::variables;
   /// Values that were accepted but are probably not what the user meant.
   std::vector<std::string> warnings;
   /// How the JAX variables that are set were translated, for `tidepool info`.
@@ -136,15 +195,24 @@ struct Config {
   static Expected<Config> from_env();
   static Expected<Config> from_env(const GetEnv& getenv);
 
+  /// Reads settings given by key (setting_names()) and nothing else: the
+  /// environment is not read, so JAX's and a device plugin's variables,
+  /// which have no keys, play no part. The same rules as from_env, and
+  /// every message names the keys ("mem_fraction='abc' is invalid: ...");
+  /// an unknown key is an error that lists the keys.
+  static Expected<Config> from_keys(const KeyValues& settings, DeviceKind default_device);
+  /// The same with the machine's default device (stack layer, as from_env()).
+  static Expected<Config> from_keys(const KeyValues& settings);
+
   /// The pool's bytes_limit on a device of `device_total` bytes: mem_fraction
   /// x total, truncated as XLA does. Bounds growth mode too, as in JAX.
   std::size_t bytes_limit(std::size_t device_total) const noexcept;
 
   /// The names an out-of-memory error's advice gives these settings
-  /// (Error::worded): the variable (or key) that set each one, else
-  /// `spell`'s name for tidepool's variable (a binding spells its keys).
-  OomWords oom_words(const std::function<std::string(std::string_view variable)>& spell =
-                         [](std::string_view variable) { return std::string(variable); }) const;
+  /// (Error::worded): the variable or key that set each one, else tidepool's
+  /// own name for it in this configuration's vocabulary ("raise
+  /// TIDEPOOL_MEM_FRACTION", "raise mem_fraction").
+  OomWords oom_words() const;
 };
 
 }  // namespace tidepool

@@ -1,6 +1,6 @@
 // What the machine offers by default: the device used when TIDEPOOL_DEVICE
 // is unset, probed here (the config layer parses and probes nothing), and
-// Config::from_env() with it.
+// Config::from_env() and Config::from_keys() with it.
 #include "tidepool/config.hpp"
 #include "tidepool/stack.hpp"
 
@@ -31,5 +31,7 @@ std::string default_device_reason() {
 Expected<Config> Config::from_env() { return from_env(default_device_kind()); }
 
 Expected<Config> Config::from_env(const GetEnv& getenv) { return from_env(getenv, default_device_kind()); }
+
+Expected<Config> Config::from_keys(const KeyValues& settings) { return from_keys(settings, default_device_kind()); }
 
 }  // namespace tidepool

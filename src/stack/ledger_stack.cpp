@@ -102,7 +102,7 @@ Expected<LedgerOptions> resolve_ledger(const Config& config, const LedgerDeviceF
   if (config.quota.value) {
     options.quota_bytes = config.quota.value->resolve(device.total_bytes);
     if (options.quota_bytes == 0)
-      return Error(Errc::invalid_argument, config.quota.source + "='" + config.quota.text + "' is 0 bytes of the " +
+      return Error(Errc::invalid_argument, config.quota.quoted() + " is 0 bytes of the " +
                                                format_bytes(device.total_bytes) + " device; allowed: a larger quota");
   }
   return options;
@@ -124,11 +124,11 @@ Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
   if (!options) return std::move(options).error();
   auto ledger = LedgerDevice::create(std::move(device), *options);
   if (!ledger) {
-    // Name the variable (TIDEPOOL_QUOTA or the scheduler's limit): the quota
+    // Name the setting (TIDEPOOL_QUOTA, its key or the scheduler's limit): the quota
     // is what the user can change. An out_of_memory keeps its report, whose
     // hint names TIDEPOOL_QUOTA.
     if (!config.quota.value || ledger.error().code() == Errc::out_of_memory) return std::move(ledger).error();
-    return Error(ledger.error().code(), config.quota.source + "='" + config.quota.text + "' (" +
+    return Error(ledger.error().code(), config.quota.quoted() + " (" +
                                             format_bytes(options->quota_bytes) + "): " + ledger.error().message());
   }
   return std::shared_ptr<Device>(std::move(*ledger));

@@ -35,12 +35,11 @@ Expected<std::shared_ptr<Device>> make_device(const Config& config) {
       options.capacity = config.host_capacity.value;
       auto host = HostDevice::create(options);
       if (!host) {
-        // Name the variable, not only HostDevice's option.
+        // Name the variable or key, not only HostDevice's option.
         const auto& capacity = config.host_capacity;
         if (capacity.is_default()) return std::move(host).error();
-        return Error(host.error().code(), capacity.source + "='" + capacity.text +
-                                              "' cannot make a host device: " +
-                                              host.error().message());
+        return Error(host.error().code(),
+                     capacity.quoted() + " cannot make a host device: " + host.error().message());
       }
       device = std::move(*host);
       break;
@@ -49,13 +48,13 @@ Expected<std::shared_ptr<Device>> make_device(const Config& config) {
 #ifdef TIDEPOOL_HAVE_CUDA
       auto cuda = CudaDevice::open(0);
       if (!cuda) {
-        return Error(cuda.error().code(), config.device.source + "=cuda: " + cuda.error().message());
+        return Error(cuda.error().code(), config.device.source() + "=cuda: " + cuda.error().message());
       }
       device = std::move(*cuda);
       break;
 #else
       return Error(Errc::unsupported,
-                   "TIDEPOOL_DEVICE=cuda: this build of tidepool has no CUDA device "
+                   config.device.source() + "=cuda: this build of tidepool has no CUDA device "
                    "(it was built without the CUDA toolkit); allowed here: host");
 #endif
     }
@@ -114,7 +113,7 @@ Expected<std::unique_ptr<Allocator>> make_pool(Mode mode, const Config& config,
   // that it rounds to nothing must not become that.
   if (bytes_limit == 0 && mode != Mode::platform) {
     return Error(Errc::invalid_argument,
-                 config.mem_fraction.source + "='" + config.mem_fraction.text + "' leaves 0 bytes of the " +
+                 config.mem_fraction.quoted() + " leaves 0 bytes of the " +
                      format_bytes(device->mem_info().total_bytes) + " device; allowed: a larger fraction");
   }
   // The fraction's limit is a decorator under the pool (not for platform,

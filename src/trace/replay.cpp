@@ -321,7 +321,7 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
               oom.event_index = index;
               oom.block = event.block;
               oom.requested_bytes = event.bytes;
-              // In the names of the configuration's variables (the CLI's).
+              // In the configuration's names (its variables for the CLI, its keys for Python).
               const OomWords words = options.config.oom_words();
               oom.message = allocated.error().worded(words).message();
               if (const OomReport* report = allocated.error().oom()) {

@@ -81,9 +81,6 @@ TEST(ConfigOomWords, NameTheVariablesTheUserSet) {
   EXPECT_EQ(jax.limit, "XLA_PYTHON_CLIENT_MEM_FRACTION");
   EXPECT_EQ(jax.grow_on_demand, "XLA_PYTHON_CLIENT_PREALLOCATE=false");
   EXPECT_EQ(jax.expandable, "TIDEPOOL_ALLOCATOR=expandable");  // XLA's variable has no such value
-  const OomWords spelled = load_ok({}).oom_words([](std::string_view) { return std::string("key"); });
-  EXPECT_EQ(spelled.limit, "key");
-  EXPECT_EQ(spelled.grow_on_demand, "key=false");
 }
 
 TEST(Mode, NamesRoundTrip) {
@@ -146,10 +143,10 @@ TEST(JaxPreallocate, OnlyThreeSpellingsTurnItOff) {
   for (const char* off : {"false", "False", "0"}) {
     Config config = load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", off}});
     EXPECT_FALSE(config.preallocate.value) << off;
-    EXPECT_EQ(config.preallocate.source, "XLA_PYTHON_CLIENT_PREALLOCATE");
+    EXPECT_EQ(config.preallocate.name, "XLA_PYTHON_CLIENT_PREALLOCATE");
     EXPECT_EQ(config.preallocate.text, off);
     EXPECT_EQ(config.mode.value, Mode::growth) << off;
-    EXPECT_EQ(config.mode.source, "XLA_PYTHON_CLIENT_PREALLOCATE");
+    EXPECT_EQ(config.mode.name, "XLA_PYTHON_CLIENT_PREALLOCATE");
     EXPECT_TRUE(config.warnings.empty()) << off;
   }
   for (const char* on : {"true", "True", "TRUE", "1", "yes"}) {
@@ -186,13 +183,13 @@ TEST(JaxPreallocate, EmptyMeansUnsetAsInJax) {
 TEST(JaxMemFraction, BothNamesAreRead) {
   Config current = load_ok({{"XLA_CLIENT_MEM_FRACTION", ".5"}});
   EXPECT_DOUBLE_EQ(current.mem_fraction.value, 0.5);
-  EXPECT_EQ(current.mem_fraction.source, "XLA_CLIENT_MEM_FRACTION");
+  EXPECT_EQ(current.mem_fraction.name, "XLA_CLIENT_MEM_FRACTION");
   EXPECT_TRUE(current.warnings.empty());
   EXPECT_EQ(current.bytes_limit(16 * GiB), 8 * GiB);
 
   Config old = load_ok({{"XLA_PYTHON_CLIENT_MEM_FRACTION", "0.25"}});
   EXPECT_DOUBLE_EQ(old.mem_fraction.value, 0.25);
-  EXPECT_EQ(old.mem_fraction.source, "XLA_PYTHON_CLIENT_MEM_FRACTION");
+  EXPECT_EQ(old.mem_fraction.name, "XLA_PYTHON_CLIENT_MEM_FRACTION");
   EXPECT_TRUE(any_contains(old.warnings, "deprecated"));
 
   Config whole = load_ok({{"XLA_CLIENT_MEM_FRACTION", "1"}});
@@ -227,13 +224,13 @@ TEST(JaxAllocator, EveryJaxName) {
                  Case{"vmm", Mode::expandable}, Case{"address", Mode::platform}}) {
     Config config = load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", c.value}});
     EXPECT_EQ(config.mode.value, c.mode) << c.value;
-    EXPECT_EQ(config.mode.source, "XLA_PYTHON_CLIENT_ALLOCATOR") << c.value;
+    EXPECT_EQ(config.mode.name, "XLA_PYTHON_CLIENT_ALLOCATOR") << c.value;
     EXPECT_EQ(config.mode.text, c.value);
   }
   Config growth =
       load_ok({{"XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"}, {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"}});
   EXPECT_EQ(growth.mode.value, Mode::growth);
-  EXPECT_EQ(growth.mode.source, "XLA_PYTHON_CLIENT_ALLOCATOR, XLA_PYTHON_CLIENT_PREALLOCATE");
+  EXPECT_EQ(growth.mode.name, "XLA_PYTHON_CLIENT_ALLOCATOR, XLA_PYTHON_CLIENT_PREALLOCATE");
 }
 
 TEST(JaxAllocator, VmmAndAddressAreExplained) {
@@ -268,21 +265,21 @@ TEST(TidepoolVariables, Allocator) {
                  Case{"cuda_async", Mode::cuda_async}, Case{"Expandable", Mode::expandable}}) {
     Config config = load_ok({{"TIDEPOOL_ALLOCATOR", c.value}});
     EXPECT_EQ(config.mode.value, c.mode) << c.value;
-    EXPECT_EQ(config.mode.source, "TIDEPOOL_ALLOCATOR") << c.value;
+    EXPECT_EQ(config.mode.name, "TIDEPOOL_ALLOCATOR") << c.value;
   }
   // growth and preallocate say what preallocate is.
   Config growth = load_ok({{"TIDEPOOL_ALLOCATOR", "growth"}});
   EXPECT_FALSE(growth.preallocate.value);
-  EXPECT_EQ(growth.preallocate.source, "TIDEPOOL_ALLOCATOR");
+  EXPECT_EQ(growth.preallocate.name, "TIDEPOOL_ALLOCATOR");
   Config bfc = load_ok({{"TIDEPOOL_ALLOCATOR", "bfc"}, {"TIDEPOOL_PREALLOCATE", "no"}});
   EXPECT_EQ(bfc.mode.value, Mode::growth);
-  EXPECT_EQ(bfc.mode.source, "TIDEPOOL_ALLOCATOR, TIDEPOOL_PREALLOCATE");
+  EXPECT_EQ(bfc.mode.name, "TIDEPOOL_ALLOCATOR, TIDEPOOL_PREALLOCATE");
 }
 
 TEST(TidepoolVariables, MemFraction) {
   Config config = load_ok({{"TIDEPOOL_MEM_FRACTION", "0.4"}});
   EXPECT_DOUBLE_EQ(config.mem_fraction.value, 0.4);
-  EXPECT_EQ(config.mem_fraction.source, "TIDEPOOL_MEM_FRACTION");
+  EXPECT_EQ(config.mem_fraction.name, "TIDEPOOL_MEM_FRACTION");
   EXPECT_EQ(config.mem_fraction.text, "0.4");
   EXPECT_EQ(config.bytes_limit(10 * GiB), static_cast<std::size_t>(10.0L * GiB * 0.4L));
 }
@@ -293,7 +290,7 @@ TEST(TidepoolVariables, Preallocate) {
   for (const char* off : {"false", "0", "no", "False", "off"}) {
     Config config = load_ok({{"TIDEPOOL_PREALLOCATE", off}});
     EXPECT_FALSE(config.preallocate.value) << off;
-    EXPECT_EQ(config.preallocate.source, "TIDEPOOL_PREALLOCATE");
+    EXPECT_EQ(config.preallocate.name, "TIDEPOOL_PREALLOCATE");
     EXPECT_EQ(config.mode.value, Mode::growth);
   }
 }
@@ -301,9 +298,9 @@ TEST(TidepoolVariables, Preallocate) {
 TEST(TidepoolVariables, DeviceCapacityThreshold) {
   Config host = load_ok({{"TIDEPOOL_DEVICE", "host"}, {"TIDEPOOL_HOST_CAPACITY", "80GiB"}});
   EXPECT_EQ(host.device.value, DeviceKind::host);
-  EXPECT_EQ(host.device.source, "TIDEPOOL_DEVICE");
+  EXPECT_EQ(host.device.name, "TIDEPOOL_DEVICE");
   EXPECT_EQ(host.host_capacity.value, 80 * GiB);
-  EXPECT_EQ(host.host_capacity.source, "TIDEPOOL_HOST_CAPACITY");
+  EXPECT_EQ(host.host_capacity.name, "TIDEPOOL_HOST_CAPACITY");
   EXPECT_EQ(host.host_capacity.text, "80GiB");
 
   Config cuda = load_ok({{"TIDEPOOL_DEVICE", "cuda"}});
@@ -314,7 +311,7 @@ TEST(TidepoolVariables, DeviceCapacityThreshold) {
       load_ok({{"TIDEPOOL_ALLOCATOR", "expandable"}, {"TIDEPOOL_RELEASE_THRESHOLD", "512MiB"}});
   ASSERT_TRUE(threshold.release_threshold.value.has_value());
   EXPECT_EQ(*threshold.release_threshold.value, 512 * MiB);
-  EXPECT_EQ(threshold.release_threshold.source, "TIDEPOOL_RELEASE_THRESHOLD");
+  EXPECT_EQ(threshold.release_threshold.name, "TIDEPOOL_RELEASE_THRESHOLD");
   EXPECT_TRUE(threshold.notes.empty());
   EXPECT_EQ(*load_ok({{"TIDEPOOL_RELEASE_THRESHOLD", "0"}}).release_threshold.value, 0u);
 }
@@ -326,7 +323,7 @@ TEST(TidepoolVariables, IdleReleaseIsADuration) {
                           {"500ms", 500}, {" 2 MIN ", 120000}, {"1h", 3600000}, {"0.0001s", 1}, {"0", 0}}) {
     Config config = load_ok({{"TIDEPOOL_IDLE_RELEASE", text}});
     EXPECT_EQ(config.idle_release.value, milliseconds(ms)) << text;
-    EXPECT_EQ(config.idle_release.source, "TIDEPOOL_IDLE_RELEASE");
+    EXPECT_EQ(config.idle_release.name, "TIDEPOOL_IDLE_RELEASE");
   }
   for (const char* value : {"soon", "-1s", "10d", "", "s", "721h"})
     expect_invalid({{"TIDEPOOL_IDLE_RELEASE", value}}, "TIDEPOOL_IDLE_RELEASE", value, "a duration");
@@ -339,7 +336,7 @@ TEST(TidepoolVariables, WakeWaitIsADuration) {
   EXPECT_EQ(load_ok({}).wake_wait.value, milliseconds(10000));
   Config config = load_ok({{"TIDEPOOL_WAKE_WAIT", "2min"}});
   EXPECT_EQ(config.wake_wait.value, milliseconds(120000));
-  EXPECT_EQ(config.wake_wait.source, "TIDEPOOL_WAKE_WAIT");
+  EXPECT_EQ(config.wake_wait.name, "TIDEPOOL_WAKE_WAIT");
   EXPECT_EQ(load_ok({{"TIDEPOOL_WAKE_WAIT", "0"}}).wake_wait.value, milliseconds(0));  // no wait
   for (const char* value : {"later", "-1", ""})
     expect_invalid({{"TIDEPOOL_WAKE_WAIT", value}}, "TIDEPOOL_WAKE_WAIT", value, "a duration");
@@ -350,7 +347,7 @@ TEST(TidepoolVariables, QuotaInEveryForm) {
   ASSERT_TRUE(bytes.quota.value.has_value());
   EXPECT_EQ(bytes.quota.value->bytes, 20 * GiB);
   EXPECT_EQ(bytes.quota.value->resolve(80 * GiB), 20 * GiB);
-  EXPECT_EQ(bytes.quota.source, "TIDEPOOL_QUOTA");
+  EXPECT_EQ(bytes.quota.name, "TIDEPOOL_QUOTA");
 
   Config fraction = load_ok({{"TIDEPOOL_QUOTA", "0.4"}});
   ASSERT_TRUE(fraction.quota.value.has_value());
@@ -371,7 +368,7 @@ TEST(TidepoolVariables, QuotaInEveryForm) {
 TEST(TidepoolVariables, Ledger) {
   EXPECT_TRUE(load_ok({{"TIDEPOOL_LEDGER", "on"}}).ledger.value);
   EXPECT_FALSE(load_ok({{"TIDEPOOL_LEDGER", "off"}}).ledger.value);
-  EXPECT_EQ(load_ok({{"TIDEPOOL_LEDGER", "on"}}).ledger.source, "TIDEPOOL_LEDGER");
+  EXPECT_EQ(load_ok({{"TIDEPOOL_LEDGER", "on"}}).ledger.name, "TIDEPOOL_LEDGER");
 }
 
 // --- the scheduler's quota: HAMi-core's CUDA_DEVICE_MEMORY_LIMIT ------------
@@ -387,10 +384,10 @@ TEST(HamiLimit, ParsedAsHamiCoreReadsIt) {
     ASSERT_TRUE(config.quota.value.has_value()) << text;
     EXPECT_EQ(config.quota.value->bytes, bytes) << text;
     EXPECT_EQ(config.quota.value->fraction, 0.0) << text;
-    EXPECT_EQ(config.quota.source, "CUDA_DEVICE_MEMORY_LIMIT") << text;
+    EXPECT_EQ(config.quota.name, "CUDA_DEVICE_MEMORY_LIMIT") << text;
     EXPECT_EQ(config.quota.text, text);
     EXPECT_TRUE(config.ledger.value) << "a quota is a share in the ledger";
-    EXPECT_EQ(config.ledger.source, "CUDA_DEVICE_MEMORY_LIMIT");
+    EXPECT_EQ(config.ledger.name, "CUDA_DEVICE_MEMORY_LIMIT");
     EXPECT_TRUE(any_contains(config.notes, "the container's device memory limit")) << text;
   }
   // Empty is unset, as in HAMi-core.
@@ -415,16 +412,16 @@ TEST(HamiLimit, Precedence) {
   // The device's own variable over the container-wide one (HAMi-core's order).
   Config indexed = load_ok({{"CUDA_DEVICE_MEMORY_LIMIT", "8g"}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "2g"}});
   EXPECT_EQ(indexed.quota.value->bytes, 2 * GiB);
-  EXPECT_EQ(indexed.quota.source, "CUDA_DEVICE_MEMORY_LIMIT_0");
+  EXPECT_EQ(indexed.quota.name, "CUDA_DEVICE_MEMORY_LIMIT_0");
   // Another device's variable is not this device's.
   Config other = load_ok({{"CUDA_DEVICE_MEMORY_LIMIT", "8g"}, {"CUDA_DEVICE_MEMORY_LIMIT_1", "2g"}});
   EXPECT_EQ(other.quota.value->bytes, 8 * GiB);
-  EXPECT_EQ(other.quota.source, "CUDA_DEVICE_MEMORY_LIMIT");
+  EXPECT_EQ(other.quota.name, "CUDA_DEVICE_MEMORY_LIMIT");
   // TIDEPOOL_QUOTA wins over both, with a note; a warning when it asks for more.
   Config tidepool = load_ok({{"TIDEPOOL_QUOTA", "4GiB"}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "2g"}});
   EXPECT_EQ(tidepool.quota.value->bytes, 4 * GiB);
-  EXPECT_EQ(tidepool.quota.source, "TIDEPOOL_QUOTA");
-  EXPECT_EQ(tidepool.ledger.source, "TIDEPOOL_QUOTA");
+  EXPECT_EQ(tidepool.quota.name, "TIDEPOOL_QUOTA");
+  EXPECT_EQ(tidepool.ledger.name, "TIDEPOOL_QUOTA");
   EXPECT_TRUE(any_contains(tidepool.notes, "TIDEPOOL_QUOTA=4GiB is used instead of CUDA_DEVICE_MEMORY_LIMIT_0=2g"));
   EXPECT_TRUE(any_contains(tidepool.warnings, "more than CUDA_DEVICE_MEMORY_LIMIT_0=2g"));
   Config smaller = load_ok({{"TIDEPOOL_QUOTA", "1GiB"}, {"CUDA_DEVICE_MEMORY_LIMIT", "2g"}});
@@ -440,7 +437,7 @@ TEST(HamiLimit, Precedence) {
   EXPECT_TRUE(any_contains(off.notes, "CUDA_DEVICE_MEMORY_LIMIT=2g is not applied by tidepool"));
   Config on = load_ok({{"TIDEPOOL_LEDGER", "on"}, {"CUDA_DEVICE_MEMORY_LIMIT", "2g"}});
   EXPECT_EQ(on.quota.value->bytes, 2 * GiB);
-  EXPECT_EQ(on.ledger.source, "TIDEPOOL_LEDGER");
+  EXPECT_EQ(on.ledger.name, "TIDEPOOL_LEDGER");
 }
 
 // --- precedence -------------------------------------------------------------
@@ -453,11 +450,11 @@ TEST(Precedence, TidepoolNamesWin) {
                            {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"},
                            {"TIDEPOOL_PREALLOCATE", "true"}});
   EXPECT_EQ(config.mode.value, Mode::expandable);
-  EXPECT_EQ(config.mode.source, "TIDEPOOL_ALLOCATOR");
+  EXPECT_EQ(config.mode.name, "TIDEPOOL_ALLOCATOR");
   EXPECT_DOUBLE_EQ(config.mem_fraction.value, 0.9);
-  EXPECT_EQ(config.mem_fraction.source, "TIDEPOOL_MEM_FRACTION");
+  EXPECT_EQ(config.mem_fraction.name, "TIDEPOOL_MEM_FRACTION");
   EXPECT_TRUE(config.preallocate.value);
-  EXPECT_EQ(config.preallocate.source, "TIDEPOOL_PREALLOCATE");
+  EXPECT_EQ(config.preallocate.name, "TIDEPOOL_PREALLOCATE");
   EXPECT_TRUE(any_contains(config.notes, "TIDEPOOL_ALLOCATOR=expandable overrides "
                                          "XLA_PYTHON_CLIENT_ALLOCATOR=platform"));
   EXPECT_TRUE(any_contains(config.notes, "TIDEPOOL_MEM_FRACTION=0.9 overrides "
@@ -468,7 +465,7 @@ TEST(Precedence, TidepoolPreallocateDecidesJaxBfc) {
   Config config =
       load_ok({{"XLA_PYTHON_CLIENT_PREALLOCATE", "true"}, {"TIDEPOOL_PREALLOCATE", "false"}});
   EXPECT_EQ(config.mode.value, Mode::growth);
-  EXPECT_EQ(config.mode.source, "TIDEPOOL_PREALLOCATE");
+  EXPECT_EQ(config.mode.name, "TIDEPOOL_PREALLOCATE");
 }
 
 TEST(Precedence, TidepoolAllocatorOverridesJaxPreallocate) {
@@ -560,7 +557,7 @@ TEST(ConfigSharing, LedgerNameIsASegmentName) {
   EXPECT_TRUE(load_ok({}).ledger_name.value.empty());
   const Config named = load_ok({{"TIDEPOOL_LEDGER_NAME", "team-gpu0"}});
   EXPECT_EQ(named.ledger_name.value, "/team-gpu0");
-  EXPECT_EQ(named.ledger_name.source, "TIDEPOOL_LEDGER_NAME");
+  EXPECT_EQ(named.ledger_name.name, "TIDEPOOL_LEDGER_NAME");
   EXPECT_TRUE(named.warnings.empty());  // a known variable
   EXPECT_EQ(load_ok({{"TIDEPOOL_LEDGER_NAME", "/x"}}).ledger_name.value, "/x");
   expect_invalid({{"TIDEPOOL_LEDGER_NAME", "a/b"}}, "TIDEPOOL_LEDGER_NAME", "a/b", "no other '/'");

@@ -112,8 +112,8 @@ int main(int argc, char** argv) {
   }
   Arguments& args = *parsed;
   Config config;
-  config.host_capacity = Setting<std::size_t>(args.capacity, "--capacity");
-  config.device = Setting<DeviceKind>(DeviceKind::host, "soak");  // the workload writes into every block
+  config.host_capacity = Setting<std::size_t>(args.capacity, {Origin::program, "--capacity", {}});
+  config.device = Setting<DeviceKind>(DeviceKind::host, {Origin::program, "soak", {}});  // the workload writes into every block
   const bool every_mode = args.modes.empty();
   if (every_mode) args.modes.assign(all_modes().begin(), all_modes().end());
 
@@ -138,8 +138,8 @@ int main(int argc, char** argv) {
       if (!every_mode) status = 1;
       continue;
     }
-    config.mode = Setting<Mode>(mode, "--mode");
-    config.preallocate = Setting<bool>(mode == Mode::preallocate, "--mode");
+    config.mode = Setting<Mode>(mode, {Origin::program, "--mode", {}});
+    config.preallocate = Setting<bool>(mode == Mode::preallocate, {Origin::program, "--mode", {}});
     const soak::SoakResult r = soak::run_soak(
         *device, [&](std::shared_ptr<Device> d) { return make_allocator(mode, config, std::move(d)); }, args.soak);
     ++ran;

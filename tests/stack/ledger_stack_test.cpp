@@ -82,7 +82,7 @@ bool wait_until(const std::function<bool()>& condition, std::chrono::millisecond
 TEST(LedgerVariables, AQuotaTurnsTheLedgerOn) {
   Config config = load_ok({{"TIDEPOOL_QUOTA", "25%"}});
   EXPECT_TRUE(config.ledger.value);
-  EXPECT_EQ(config.ledger.source, "TIDEPOOL_QUOTA");
+  EXPECT_EQ(config.ledger.name, "TIDEPOOL_QUOTA");
   ASSERT_FALSE(config.notes.empty());
   EXPECT_NE(config.notes.back().find("turns the cross-process ledger on"), std::string::npos);
   EXPECT_TRUE(load_ok({{"TIDEPOOL_QUOTA", "25%"}, {"TIDEPOOL_LEDGER", "on"}}).ledger.value);
