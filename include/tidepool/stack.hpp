@@ -63,8 +63,9 @@ Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
 
 /// Whether make_allocator(mode, ...) can build its pool over `device` in this
 /// build: unsupported, with the reason, when it cannot (e.g. expandable on a
-/// device without virtual memory, cuda_async without the CUDA device).
-Status mode_supported(Mode mode, const Device& device);
+/// device without virtual memory, cuda_async without the CUDA device). The
+/// reason names settings in `vocabulary` (make_allocator: the config's).
+Status mode_supported(Mode mode, const Device& device, Vocabulary vocabulary = Vocabulary::variables);
 
 /// The pool of `mode` over `device`, with the settings of `config` (bytes
 /// limit, release threshold, preallocation). The one way to build a pool: the

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "config/setting_names.hpp"
 #include "stack/ledger_stack.hpp"
 #include "tidepool/best_fit_pool.hpp"
 #include "tidepool/config.hpp"
@@ -67,7 +68,9 @@ Expected<std::shared_ptr<Device>> make_device(const Config& config) {
   return device;
 }
 
-Status mode_supported(Mode mode, const Device& device) {
+Status mode_supported(Mode mode, const Device& device, Vocabulary vocabulary) {
+  using config_names::name_in;
+  const std::string cuda_device = name_in(vocabulary, config_names::kDevice) + "=cuda";
   switch (mode) {
     case Mode::preallocate:
     case Mode::growth:
@@ -82,19 +85,19 @@ Status mode_supported(Mode mode, const Device& device) {
       // The driver's pool takes its memory from the driver itself: a ledger
       // above the device would never see those bytes, nor hold the quota.
       if (find_ledger_device(device) != nullptr)
-        return unavailable(mode, "the driver's pool allocates around the cross-process ledger "
-                                 "(TIDEPOOL_LEDGER or TIDEPOOL_QUOTA is set), which would neither see nor "
-                                 "limit its memory; allowed with the ledger: the bfc, growth, platform and "
-                                 "expandable modes, or run the program under `tidepool run --quota`, whose "
-                                 "interposer accounts cuMemAllocFromPoolAsync");
+        return unavailable(mode, "the driver's pool allocates around the cross-process ledger (" +
+                                     name_in(vocabulary, config_names::kLedger) + " or " +
+                                     name_in(vocabulary, config_names::kQuota) +
+                                     " is set), which would neither see nor limit its memory; allowed with the "
+                                     "ledger: the bfc, growth, platform and expandable modes, or run the "
+                                     "program under `tidepool run --quota`, whose interposer accounts "
+                                     "cuMemAllocFromPoolAsync");
 #ifdef TIDEPOOL_HAVE_CUDA
       if (find_cuda_device(device) == nullptr)
-        return unavailable(mode, "it needs the CUDA device (TIDEPOOL_DEVICE=cuda), not " +
-                                     device.description());
+        return unavailable(mode, "it needs the CUDA device (" + cuda_device + "), not " + device.description());
       return {};
 #else
-      return unavailable(mode, "it needs the CUDA device (TIDEPOOL_DEVICE=cuda), which this "
-                               "build lacks");
+      return unavailable(mode, "it needs the CUDA device (" + cuda_device + "), which this build lacks");
 #endif
   }
   return unavailable(mode, "unknown mode");
@@ -104,7 +107,7 @@ namespace {
 
 Expected<std::unique_ptr<Allocator>> make_pool(Mode mode, const Config& config,
                                                std::shared_ptr<Device> device) {
-  if (Status supported = mode_supported(mode, *device); !supported)
+  if (Status supported = mode_supported(mode, *device, config.vocabulary); !supported)
     return std::move(supported).error();
   // JAX: the fraction is of the device's total memory (not of what is free),
   // and bounds the BFC allocator whether or not it preallocates.

@@ -286,6 +286,17 @@ TEST(LedgerStack, TheCudaAsyncPoolIsRefusedOverTheLedger) {
   auto pool = make_allocator(Mode::cuda_async, config, *device);
   ASSERT_FALSE(pool);
   EXPECT_NE(pool.error().message().find("tidepool run --quota"), std::string::npos) << pool.error().message();
+
+  // From a config string, the reason names its keys.
+  auto keyed = Config::from_keys({{"mode", "cuda_async"}, {"quota", "0.5"}});
+  ASSERT_TRUE(keyed) << keyed.error().message();
+  auto keyed_device = make_ledger_device(*keyed, host.device());
+  ASSERT_TRUE(keyed_device) << keyed_device.error().message();
+  auto refused = make_allocator(Mode::cuda_async, *keyed, *keyed_device);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("(ledger or quota is set)"), std::string::npos)
+      << refused.error().message();
+  EXPECT_EQ(refused.error().message().find("TIDEPOOL_"), std::string::npos) << refused.error().message();
 }
 
 TEST(LedgerStack, WithoutTheLedgerNoDecoratorAndNoWrapper) {
