@@ -46,16 +46,17 @@ Expected<std::shared_ptr<Device>> make_device(const Config& config) {
       break;
     }
     case DeviceKind::cuda: {
+      // A probed default names itself as such, not as a setting "default".
+      const std::string cuda_by =
+          config.device.is_default() ? "the default device (cuda)" : config.device.source() + "=cuda";
 #ifdef TIDEPOOL_HAVE_CUDA
       auto cuda = CudaDevice::open(0);
-      if (!cuda) {
-        return Error(cuda.error().code(), config.device.source() + "=cuda: " + cuda.error().message());
-      }
+      if (!cuda) return Error(cuda.error().code(), cuda_by + ": " + cuda.error().message());
       device = std::move(*cuda);
       break;
 #else
       return Error(Errc::unsupported,
-                   config.device.source() + "=cuda: this build of tidepool has no CUDA device "
+                   cuda_by + ": this build of tidepool has no CUDA device "
                    "(it was built without the CUDA toolkit); allowed here: host");
 #endif
     }
