@@ -237,9 +237,13 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, c
     std::size_t offset;
     std::size_t score;
   };
-  auto place = [&](ChunkId id) {
+  // A candidate's score, or `bound` when it cannot score below it (a sync
+  // alone already does not): such a one is never taken, so its granules
+  // need not be counted.
+  auto place = [&](ChunkId id, std::size_t bound) {
     const Chunk& chunk = chunks_[id];
     const std::size_t sync = must_wait(chunk, stream) ? 1 : 0;
+    if (sync >= bound) return Placement{id, 0, bound};
     const std::size_t front = 2 * cost.cost(chunk.address, bytes) + sync;
     if (front == sync || !should_split(chunk.size, bytes)) return Placement{id, 0, front};
     const std::size_t back = 2 * cost.cost(chunk.end() - bytes, bytes) + sync;
@@ -249,12 +253,12 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, c
     }
     return back < front ? Placement{id, chunk.size - bytes, back} : Placement{id, 0, front};
   };
-  Placement best = place(*fit);
+  Placement best = place(*fit, SIZE_MAX);
   if (best.score != 0) {
     std::size_t looked = 0;
     bins_.visit_fitting(chunks_, bytes, [&](ChunkId id) {
       if (id == *fit) return true;
-      const Placement here = place(id);
+      const Placement here = place(id, best.score);
       if (here.score < best.score) best = here;
       return best.score != 0 && ++looked < kPlacementCandidates;
     });
