@@ -113,8 +113,7 @@ class GranuleBits {
         run = 0;
         continue;
       }
-      const std::size_t high = w == last / 64 ? last % 64 : 63;
-      for (std::size_t b = w == first / 64 ? first % 64 : 0; b <= high;) {
+      for (std::size_t b = low(w, first); b <= high(w, last);) {
         const std::uint64_t rest = word >> b;
         if ((rest & 1) == 0) {
           run = 0;
@@ -141,17 +140,16 @@ class GranuleBits {
 
  private:
   static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
+  /// The lowest and the highest bit of word w that lie in [first, last].
+  static constexpr std::size_t low(std::size_t w, std::size_t first) noexcept { return w == first / 64 ? first % 64 : 0; }
+  static constexpr std::size_t high(std::size_t w, std::size_t last) noexcept { return w == last / 64 ? last % 64 : 63; }
   /// How many bits of word w lie in [first, last].
   static constexpr std::size_t width(std::size_t w, std::size_t first, std::size_t last) noexcept {
-    const std::size_t low = w == first / 64 ? first % 64 : 0;
-    const std::size_t high = w == last / 64 ? last % 64 : 63;
-    return high - low + 1;
+    return high(w, last) - low(w, first) + 1;
   }
   /// The bits of word w that lie in [first, last].
   static constexpr std::uint64_t mask(std::size_t w, std::size_t first, std::size_t last) noexcept {
-    const std::size_t low = w == first / 64 ? first % 64 : 0;
-    const std::size_t high = w == last / 64 ? last % 64 : 63;
-    return (~std::uint64_t{0} >> (63 - high)) & (~std::uint64_t{0} << low);
+    return (~std::uint64_t{0} >> (63 - high(w, last))) & (~std::uint64_t{0} << low(w, first));
   }
   std::vector<std::uint64_t> words_;
   std::vector<std::uint64_t> summary_;
