@@ -38,6 +38,7 @@ enum class OomAdvice : std::uint8_t {
   free_or_raise_limit,  // the limit is taken
   lower_limit,          // preallocating the limit failed
   use_expandable,       // free memory is split into blocks too small
+  lower_quota,          // a ledger quota does not fit beside the others' commitments
 };
 
 /// The caller's names for the settings an OOM's advice is about. The
@@ -47,6 +48,7 @@ struct OomWords {
   std::string limit = "the pool's LimitDevice";             // empty: no advice about the limit
   std::string grow_on_demand = "BestFitOptions::preallocate = false";
   std::string expandable = "ExpandablePool";
+  std::string quota = "LedgerOptions::quota_bytes";
 };
 
 /// `advice` in `words`, e.g. "raise TIDEPOOL_MEM_FRACTION"; empty for none

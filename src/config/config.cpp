@@ -625,6 +625,7 @@ OomWords Config::oom_words() const {
   words.grow_on_demand = name_of(preallocate, config_names::kPreallocate) + "=false";
   // XLA_PYTHON_CLIENT_ALLOCATOR has no expandable value: tidepool's own name.
   words.expandable = config_names::name_in(vocabulary, config_names::kAllocator) + "=expandable";
+  words.quota = name_of(quota, config_names::kQuota);
   return words;
 }
 

@@ -28,6 +28,7 @@ std::string oom_advice(OomAdvice advice, const OomWords& words) {
     case OomAdvice::lower_limit:
       return (words.limit.empty() ? std::string() : "lower " + words.limit + " or ") + "set " + words.grow_on_demand;
     case OomAdvice::use_expandable: return words.expandable + " maps free memory into one contiguous range";
+    case OomAdvice::lower_quota: return "lower " + words.quota + ", or wait for one of them to exit";
   }
   return {};
 }

@@ -69,8 +69,8 @@ Status check_quota_fits_locked(const Ledger::Segment& segment, std::size_t quota
   report.device_free_bytes = committed < limit ? limit - committed : 0;
   report.largest_free_block_bytes = report.device_free_bytes;
   report.hint = "a quota is a guarantee and the live processes already commit " + format_bytes(committed) +
-                " of the " + format_bytes(limit) + " limit (" + segment.holders_locked(kEntryCount) +
-                "); lower TIDEPOOL_QUOTA or wait for one to exit";
+                " of the " + format_bytes(limit) + " limit (" + segment.holders_locked(kEntryCount) + ")";
+  report.advice = OomAdvice::lower_quota;
   return Error::out_of_memory("ledger " + segment.name + ": registering the quota", std::move(report));
 }
 

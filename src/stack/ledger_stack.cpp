@@ -125,9 +125,10 @@ Expected<std::shared_ptr<Device>> make_ledger_device(const Config& config,
   auto ledger = LedgerDevice::create(std::move(device), *options);
   if (!ledger) {
     // Name the setting (TIDEPOOL_QUOTA, its key or the scheduler's limit): the quota
-    // is what the user can change. An out_of_memory keeps its report, whose
-    // hint names TIDEPOOL_QUOTA.
-    if (!config.quota.value || ledger.error().code() == Errc::out_of_memory) return std::move(ledger).error();
+    // is what the user can change. An out_of_memory keeps its report, its
+    // advice worded in the config's names.
+    if (ledger.error().code() == Errc::out_of_memory) return ledger.error().worded(config.oom_words());
+    if (!config.quota.value) return std::move(ledger).error();
     return Error(ledger.error().code(), config.quota.quoted() + " (" +
                                             format_bytes(options->quota_bytes) + "): " + ledger.error().message());
   }

@@ -126,6 +126,9 @@ TEST(LedgerAccount, RegisteringRefusesWhatCannotBeGuaranteed) {
   EXPECT_EQ(second.error().code(), Errc::out_of_memory);
   EXPECT_NE(second.error().message().find("a quota is a guarantee"), std::string::npos)
       << second.error().message();
+  ASSERT_NE(second.error().oom(), nullptr);
+  EXPECT_EQ(second.error().oom()->advice, OomAdvice::lower_quota);  // worded by the caller
+  EXPECT_EQ(second.error().message().find("TIDEPOOL_"), std::string::npos) << second.error().message();
   EXPECT_NE(second.error().message().find("pid " + std::to_string(getpid())), std::string::npos)
       << second.error().message();
   EXPECT_EQ(entries_of(*first).size(), 1u);  // the refused one left nothing

@@ -217,7 +217,16 @@ TEST(LedgerStack, AQuotaThatDoesNotFitIsRefusedNamingTheHolders) {
   EXPECT_EQ(second.error().code(), Errc::out_of_memory);
   EXPECT_NE(second.error().message().find("pid " + std::to_string(getpid())), std::string::npos)
       << second.error().message();
-  EXPECT_NE(second.error().message().find("TIDEPOOL_QUOTA"), std::string::npos) << second.error().message();
+  EXPECT_NE(second.error().message().find("lower TIDEPOOL_QUOTA"), std::string::npos) << second.error().message();
+
+  // From a config string, the advice names its key.
+  auto keyed = Config::from_keys({{"quota", "0.75"}});
+  ASSERT_TRUE(keyed) << keyed.error().message();
+  auto refused = make_ledger_device(*keyed, host.device());
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), Errc::out_of_memory);
+  EXPECT_NE(refused.error().message().find("lower quota, or wait"), std::string::npos) << refused.error().message();
+  EXPECT_EQ(refused.error().message().find("TIDEPOOL_"), std::string::npos) << refused.error().message();
 }
 
 TEST(LedgerStack, AQuotaAboveTheLimitNamesTheVariable) {
