@@ -204,22 +204,10 @@ Expected<MemoryRange> BestFitArena::take(ChunkId id, std::size_t bytes, Stream s
 }
 
 bool BestFitArena::waits(const Chunk& chunk) const noexcept {
-  if (chunk.stream == kNoStream) return false;
-  for (const auto& [synced, at] : synchronized_) {
-    if (synced == chunk.stream) return chunk.freed_at > at;
-  }
-  return true;
+  return chunk.stream != kNoStream && chunk.freed_at > synchronized_.at(chunk.stream);
 }
 
-void BestFitArena::synchronized(Stream stream) {
-  for (auto& [synced, at] : synchronized_) {
-    if (synced == stream) {
-      at = frees_;
-      return;
-    }
-  }
-  synchronized_.emplace_back(stream, frees_);
-}
+void BestFitArena::synchronized(Stream stream) { synchronized_.set(stream, frees_); }
 
 Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
   Expected<ChunkId> id = find_fitting(bytes);
@@ -244,9 +232,17 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, c
     const Chunk& chunk = chunks_[id];
     const std::size_t sync = must_wait(chunk, stream) ? 1 : 0;
     if (sync >= bound) return Placement{id, 0, bound};
-    const std::size_t front = 2 * cost.cost(chunk.address, bytes) + sync;
+    // When one granule to map already reaches the bound, only a placement
+    // that maps nothing could be taken: asking whether one does is cheaper
+    // than counting.
+    const bool only_free = bound <= sync + 2;
+    auto score = [&](std::uintptr_t base) {
+      if (only_free) return cost.costs_nothing(base, bytes) ? sync : bound;
+      return 2 * cost.cost(base, bytes) + sync;
+    };
+    const std::size_t front = score(chunk.address);
     if (front == sync || !should_split(chunk.size, bytes)) return Placement{id, 0, front};
-    const std::size_t back = 2 * cost.cost(chunk.end() - bytes, bytes) + sync;
+    const std::size_t back = score(chunk.end() - bytes);
     if (back == sync) return Placement{id, chunk.size - bytes, back};
     if (const std::uintptr_t at = cost.free_window(chunk.address, chunk.end(), bytes); at != 0) {
       return Placement{id, at - chunk.address, sync};

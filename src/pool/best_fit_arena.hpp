@@ -15,6 +15,7 @@
 #include "pool/address_map.hpp"
 #include "pool/chunk_table.hpp"
 #include "pool/free_bins.hpp"
+#include "pool/sync_clocks.hpp"
 #include "tidepool/device.hpp"
 #include "tidepool/error.hpp"
 
@@ -40,6 +41,8 @@ class PlacementCost {
   virtual ~PlacementCost() = default;
   /// [base, base + bytes) lies in one free chunk. 0: nothing to do.
   virtual std::size_t cost(std::uintptr_t base, std::size_t bytes) const noexcept = 0;
+  /// cost(base, bytes) == 0, which an owner may answer without counting.
+  virtual bool costs_nothing(std::uintptr_t base, std::size_t bytes) const noexcept { return cost(base, bytes) == 0; }
   /// A base in free chunk [begin, end) where `bytes` cost nothing, though
   /// both its ends cost something; 0: none. Asked only of chunks whose start
   /// and end both cost.
@@ -170,7 +173,7 @@ class BestFitArena {
   /// Per stream synchronized: frees_ at its last synchronize. One sync
   /// clears every chunk the stream freed before it, so a stream's memory
   /// passing to other streams costs one sync, not one per chunk.
-  std::vector<std::pair<Stream, std::uint64_t>> synchronized_;
+  SyncClocks synchronized_;
 };
 
 }  // namespace tidepool::pool

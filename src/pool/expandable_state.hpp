@@ -230,6 +230,10 @@ struct ExpandablePool::State {
       const Space& space = *s.space_of(base);
       return s.granules.unmapped_in(s.granule_of(space, base), s.granule_of(space, base + bytes - 1));
     }
+    bool costs_nothing(std::uintptr_t base, std::size_t bytes) const noexcept override {
+      const Space& space = *s.space_of(base);
+      return s.granules.all_mapped(s.granule_of(space, base), s.granule_of(space, base + bytes - 1));
+    }
     // Free chunks coalesce over granules stolen from their middle, so mapped
     // granules may lie inside one whose ends are not: a block starting at
     // the first run of them long enough needs nothing mapped.

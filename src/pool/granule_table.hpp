@@ -202,6 +202,9 @@ class GranuleTable {
     return last - first + 1 - mapped_bits_.count(first, last);
   }
 
+  /// Whether every granule of [first, last] has physical memory mapped.
+  bool all_mapped(GranuleId first, GranuleId last) const noexcept { return mapped_bits_.all(first, last); }
+
   /// The first of `n` consecutive mapped granules in [first, last], or kNoGranule.
   GranuleId mapped_run(GranuleId first, GranuleId last, std::size_t n) const noexcept {
     const std::size_t id = mapped_bits_.find_run(first, last, n);
