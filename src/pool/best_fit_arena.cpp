@@ -220,6 +220,10 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, c
   Expected<ChunkId> fit = find_fitting(bytes);
   if (!fit) return std::move(fit).error();
   if (*fit == kNoChunk) return MemoryRange{};
+  // Usually the best fit's front is mapped and waits for no stream.
+  if (const Chunk& chunk = chunks_[*fit]; !must_wait(chunk, stream) && cost.costs_nothing(chunk.address, bytes)) {
+    return take(*fit, bytes, stream);
+  }
   struct Placement {
     ChunkId id;
     std::size_t offset;

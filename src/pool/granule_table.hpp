@@ -36,6 +36,20 @@ inline constexpr GranuleId kNoGranule = std::numeric_limits<GranuleId>::max();
 /// The tag of a free granule whose blocks were freed on more than one stream.
 inline constexpr Stream kManyStreams = kNoStream - 1;
 
+/// The set bits of a word. std::popcount is a library call on x86-64
+/// without -mpopcnt (which the build cannot assume): there the bit-parallel
+/// sum, inline.
+inline std::size_t count_ones(std::uint64_t x) noexcept {
+#if defined(__x86_64__) && !defined(__POPCNT__)
+  x -= (x >> 1) & 0x5555555555555555ull;
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+  return static_cast<std::size_t>((x * 0x0101010101010101ull) >> 56);
+#else
+  return static_cast<std::size_t>(std::popcount(x));
+#endif
+}
+
 /// One bit per granule, with a summary bit per word, so that the highest set
 /// bit is found in a few word reads however many granules there are.
 class GranuleBits {
@@ -59,12 +73,12 @@ class GranuleBits {
     std::size_t set = 0;
     for (std::size_t w = first / 64; w <= last / 64; ++w) {
       // Words are mostly all set or all clear (a block's granules): those
-      // need no popcount, which without -mpopcnt is a library call.
+      // need no count.
       const std::uint64_t in_range = mask(w, first, last), bits = words_[w] & in_range;
       if (bits == in_range) {
         set += width(w, first, last);
       } else if (bits != 0) {
-        set += static_cast<std::size_t>(std::popcount(bits));
+        set += count_ones(bits);
       }
     }
     return set;
@@ -102,6 +116,23 @@ class GranuleBits {
       if (words_[w] == 0) summary_[w / 64] &= ~bit(w % 64);
     }
   }
+  // Word at a time, for ranges within one word (most blocks' granules):
+  // word `w` of the bitmap, and setting or clearing `bits` of it.
+  std::uint64_t word(std::size_t w) const noexcept { return words_[w]; }
+  void set_bits(std::size_t w, std::uint64_t bits) noexcept {
+    words_[w] |= bits;
+    summary_[w / 64] |= bit(w % 64);
+  }
+  void clear_bits(std::size_t w, std::uint64_t bits) noexcept {
+    words_[w] &= ~bits;
+    if (words_[w] == 0) summary_[w / 64] &= ~bit(w % 64);
+  }
+  /// Whether [first, last] lies in one word, and then its bits.
+  static constexpr bool one_word(std::size_t first, std::size_t last) noexcept { return first / 64 == last / 64; }
+  static constexpr std::uint64_t bits_of(std::size_t first, std::size_t last) noexcept {
+    return mask(first / 64, first, last);
+  }
+
   /// The highest set bit, or kNoBit.
   static constexpr std::size_t kNoBit = SIZE_MAX;
   /// The first of `n` (> 0) consecutive set bits in [first, last], or kNoBit.
@@ -198,12 +229,20 @@ class GranuleTable {
 
   /// How many granules of [first, last] have no physical memory mapped.
   std::size_t unmapped_in(GranuleId first, GranuleId last) const noexcept {
-    if (first == last) return mapped_bits_.test(first) ? 0 : 1;
+    if (GranuleBits::one_word(first, last)) {
+      return count_ones(GranuleBits::bits_of(first, last) & ~mapped_bits_.word(first / 64));
+    }
     return last - first + 1 - mapped_bits_.count(first, last);
   }
 
   /// Whether every granule of [first, last] has physical memory mapped.
-  bool all_mapped(GranuleId first, GranuleId last) const noexcept { return mapped_bits_.all(first, last); }
+  bool all_mapped(GranuleId first, GranuleId last) const noexcept {
+    if (GranuleBits::one_word(first, last)) {
+      const std::uint64_t range = GranuleBits::bits_of(first, last);
+      return (mapped_bits_.word(first / 64) & range) == range;
+    }
+    return mapped_bits_.all(first, last);
+  }
 
   /// The first of `n` consecutive mapped granules in [first, last], or kNoGranule.
   GranuleId mapped_run(GranuleId first, GranuleId last, std::size_t n) const noexcept {
@@ -223,7 +262,16 @@ class GranuleTable {
       return mapped_bits_.test(first) ? 0 : 1;
     }
     ++uses_[first];
-    if (last != first) ++uses_[last];
+    ++uses_[last];
+    if (GranuleBits::one_word(first, last)) {  // the same, a word at a time
+      const std::size_t w = first / 64;
+      const std::uint64_t range = GranuleBits::bits_of(first, last);
+      if (const std::uint64_t taken = free_bits_.word(w) & range; taken != 0) {
+        free_count_ -= count_ones(taken);
+        free_bits_.clear_bits(w, taken);
+      }
+      return count_ones(range & ~mapped_bits_.word(w));
+    }
     const std::size_t taken = free_bits_.count(first, last);  // free granules that now hold a block
     if (taken != 0) {
       free_count_ -= taken;
@@ -247,6 +295,10 @@ class GranuleTable {
     if (first == last) {  // most small blocks
       if (stream != kNoStream) tags_of(stream).set(first);
       unuse(first);
+      return;
+    }
+    if (GranuleBits::one_word(first, last)) {  // the same, a word at a time
+      unuse_in_word(first, last, stream);
       return;
     }
     if (stream != kNoStream) tags_of(stream).set_range(first, last);
@@ -305,6 +357,32 @@ class GranuleTable {
   }
 
  private:
+  /// unuse_range() of a block of two or more granules in one word: the
+  /// granules it frees (its mapped inner ones, and its ends if it was their
+  /// last use) are one mask, queued ends first as unuse() would.
+  void unuse_in_word(GranuleId first, GranuleId last, Stream stream) {
+    const std::size_t w = first / 64;
+    const std::uint64_t range = GranuleBits::bits_of(first, last);
+    if (stream != kNoStream) tags_of(stream).set_bits(w, range);
+    std::uint64_t freed = range & mapped_bits_.word(w);
+    if (--uses_[first] != 0) freed &= ~(std::uint64_t{1} << (first % 64));
+    if (--uses_[last] != 0) freed &= ~(std::uint64_t{1} << (last % 64));
+    if (freed == 0) return;
+    free_count_ += count_ones(freed);
+    free_bits_.set_bits(w, freed);
+    std::uint64_t unqueued = freed & ~queued_.word(w);
+    if (unqueued == 0) return;  // usual once warm: the lazy queue holds them still
+    for (const GranuleId end : {first, last}) {
+      const std::uint64_t end_bit = std::uint64_t{1} << (end % 64);
+      if ((unqueued & end_bit) == 0) continue;
+      enqueue(end);
+      unqueued &= ~end_bit;
+    }
+    queued_.set_bits(w, unqueued);
+    for (; unqueued != 0; unqueued &= unqueued - 1) {
+      queue_.push_back(static_cast<GranuleId>(w * 64 + static_cast<std::size_t>(std::countr_zero(unqueued))));
+    }
+  }
   /// One use less on granule `id` (a block's end); free if it was the last
   /// and it is mapped.
   void unuse(GranuleId id) {

@@ -3,6 +3,7 @@
 // supplies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <random>
 #include <unordered_map>
@@ -22,6 +23,8 @@ using pool::AddressMap;
 using pool::BestFitArena;
 using pool::BinBitmap;
 using pool::GranuleBits;
+using pool::GranuleId;
+using pool::GranuleTable;
 using pool::MemoryRange;
 using pool::PlacementCost;
 using pool::SizeBins;
@@ -144,6 +147,93 @@ TEST(SyncClocks, AgreesWithAMapForManyStreamsSharingSlots) {
     const auto found = model.find(stream);
     EXPECT_EQ(clocks.at(stream), found == model.end() ? 0 : found->second) << "stream " << stream;
   }
+}
+
+TEST(GranuleTable, AgreesWithACounterPerGranule) {
+  // Blocks of 1 to 150 granules (within one bitmap word or across several)
+  // sharing end granules with their neighbours, as the arena places them,
+  // freed on four streams, with free granules stolen now and then: the
+  // table's word-at-a-time bookkeeping says what a counter per granule would.
+  constexpr std::size_t kGranules = 300, kUnits = 8;  // address units per granule
+  std::mt19937_64 random(5);
+  GranuleTable table;
+  table.grow(kGranules);
+  std::vector<unsigned> uses(kGranules, 0);             // live blocks over each granule
+  std::vector<std::vector<Stream>> freed_by(kGranules);  // streams that freed a block over it
+  std::vector<bool> unit_live(kGranules * kUnits, false);
+  struct Block {
+    std::size_t begin, end;  // units
+  };
+  std::vector<Block> live;
+  const auto granules_of = [](const Block& b) {
+    return std::pair<GranuleId, GranuleId>(static_cast<GranuleId>(b.begin / kUnits),
+                                           static_cast<GranuleId>((b.end - 1) / kUnits));
+  };
+  for (int op = 0; op < 20000; ++op) {
+    if (live.empty() || random() % 2 == 0) {
+      const std::size_t begin = random() % (kGranules * kUnits);
+      const std::size_t length = 1 + random() % (random() % 4 == 0 ? 150 * kUnits : 3 * kUnits);
+      const std::size_t end = std::min(begin + length, kGranules * kUnits);
+      if (std::any_of(unit_live.begin() + begin, unit_live.begin() + end, [](bool b) { return b; })) continue;
+      std::fill(unit_live.begin() + begin, unit_live.begin() + end, true);
+      live.push_back({begin, end});
+      const auto [first, last] = granules_of(live.back());
+      std::size_t unmapped = 0;
+      for (GranuleId g = first; g <= last; ++g) {
+        ++uses[g];
+        if (!table.is_mapped(g)) ++unmapped;
+      }
+      ASSERT_EQ(table.use_range(first, last), unmapped) << "op " << op;
+      for (GranuleId g = first; g <= last; ++g) {  // backed, as the pool does
+        if (!table.is_mapped(g)) table.set_mapped(g, g + 1);
+      }
+    } else {
+      const std::size_t i = random() % live.size();
+      const Block block = live[i];
+      live[i] = live.back();
+      live.pop_back();
+      std::fill(unit_live.begin() + block.begin, unit_live.begin() + block.end, false);
+      const auto [first, last] = granules_of(block);
+      const Stream stream = random() % 4;
+      table.unuse_range(first, last, stream);
+      for (GranuleId g = first; g <= last; ++g) {
+        --uses[g];
+        if (std::find(freed_by[g].begin(), freed_by[g].end(), stream) == freed_by[g].end()) {
+          freed_by[g].push_back(stream);
+        }
+      }
+    }
+    if (op % 7 == 0 && table.free_count() > 0) {  // a steal: the highest free granule is unmapped
+      const GranuleId id = table.highest_free();
+      table.take_free(id);
+      freed_by[id].clear();
+    }
+    std::size_t free = 0;
+    GranuleId highest = pool::kNoGranule;
+    for (GranuleId g = 0; g < kGranules; ++g) {
+      const bool is_free = table.is_mapped(g) && uses[g] == 0;
+      free += is_free ? 1 : 0;
+      if (is_free) highest = g;
+      if (is_free) {
+        const Stream expected = freed_by[g].empty()      ? pool::kNoStream
+                                : freed_by[g].size() == 1 ? freed_by[g][0]
+                                                          : pool::kManyStreams;
+        ASSERT_EQ(table.freed_on(g), expected) << "op " << op << " granule " << g;
+      }
+    }
+    ASSERT_EQ(table.free_count(), free) << "op " << op;
+    ASSERT_EQ(table.highest_free(), highest) << "op " << op;
+  }
+  // The release queue holds every free granule, each once.
+  std::vector<GranuleId> released;
+  while (table.free_count() > 0) {
+    const GranuleId id = table.oldest_free();
+    ASSERT_NE(id, pool::kNoGranule);
+    ASSERT_TRUE(table.is_mapped(id) && uses[id] == 0);
+    table.take_free(id);
+    released.push_back(id);
+  }
+  EXPECT_EQ(table.oldest_free(), pool::kNoGranule);
 }
 
 class BestFitArenaTest : public ::testing::Test {
