@@ -91,33 +91,8 @@ class GranuleBits {
     }
     return true;
   }
-  /// Sets the bits of [first, last] that are set in `other` (of the same size).
-  void set_range_where(const GranuleBits& other, std::size_t first, std::size_t last) noexcept {
-    for (std::size_t w = first / 64; w <= last / 64; ++w) {
-      const std::uint64_t added = other.words_[w] & mask(w, first, last);
-      if (added == 0) continue;
-      words_[w] |= added;
-      summary_[w / 64] |= bit(w % 64);
-    }
-  }
-  /// Sets every bit of [first, last].
-  void set_range(std::size_t first, std::size_t last) noexcept {
-    for (std::size_t w = first / 64; w <= last / 64; ++w) {
-      words_[w] |= mask(w, first, last);
-      summary_[w / 64] |= bit(w % 64);
-    }
-  }
-  /// Clears every bit of [first, last].
-  void clear_range(std::size_t first, std::size_t last) noexcept {
-    for (std::size_t w = first / 64; w <= last / 64; ++w) {
-      const std::uint64_t in_range = mask(w, first, last);
-      if ((words_[w] & in_range) == 0) continue;
-      words_[w] &= ~in_range;
-      if (words_[w] == 0) summary_[w / 64] &= ~bit(w % 64);
-    }
-  }
-  // Word at a time, for ranges within one word (most blocks' granules):
-  // word `w` of the bitmap, and setting or clearing `bits` of it.
+  // A word at a time (GranuleTable changes several bitmaps per word of a
+  // block's granules): word `w`, and setting or clearing `bits` of it.
   std::uint64_t word(std::size_t w) const noexcept { return words_[w]; }
   void set_bits(std::size_t w, std::uint64_t bits) noexcept {
     words_[w] |= bits;
@@ -127,11 +102,11 @@ class GranuleBits {
     words_[w] &= ~bits;
     if (words_[w] == 0) summary_[w / 64] &= ~bit(w % 64);
   }
-  /// Whether [first, last] lies in one word, and then its bits.
-  static constexpr bool one_word(std::size_t first, std::size_t last) noexcept { return first / 64 == last / 64; }
-  static constexpr std::uint64_t bits_of(std::size_t first, std::size_t last) noexcept {
-    return mask(first / 64, first, last);
+  /// The bits of word w that lie in [first, last].
+  static constexpr std::uint64_t bits_of(std::size_t w, std::size_t first, std::size_t last) noexcept {
+    return mask(w, first, last);
   }
+  static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
 
   /// The highest set bit, or kNoBit.
   static constexpr std::size_t kNoBit = SIZE_MAX;
@@ -170,7 +145,6 @@ class GranuleBits {
   }
 
  private:
-  static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
   /// The lowest and the highest bit of word w that lie in [first, last].
   static constexpr std::size_t low(std::size_t w, std::size_t first) noexcept { return w == first / 64 ? first % 64 : 0; }
   static constexpr std::size_t high(std::size_t w, std::size_t last) noexcept { return w == last / 64 ? last % 64 : 63; }
@@ -229,18 +203,11 @@ class GranuleTable {
 
   /// How many granules of [first, last] have no physical memory mapped.
   std::size_t unmapped_in(GranuleId first, GranuleId last) const noexcept {
-    if (GranuleBits::one_word(first, last)) {
-      return count_ones(GranuleBits::bits_of(first, last) & ~mapped_bits_.word(first / 64));
-    }
     return last - first + 1 - mapped_bits_.count(first, last);
   }
 
   /// Whether every granule of [first, last] has physical memory mapped.
   bool all_mapped(GranuleId first, GranuleId last) const noexcept {
-    if (GranuleBits::one_word(first, last)) {
-      const std::uint64_t range = GranuleBits::bits_of(first, last);
-      return (mapped_bits_.word(first / 64) & range) == range;
-    }
     return mapped_bits_.all(first, last);
   }
 
@@ -261,23 +228,20 @@ class GranuleTable {
       }
       return mapped_bits_.test(first) ? 0 : 1;
     }
+    // A word at a time, every bitmap at once: a block's granules span one
+    // word (most) to a few.
     ++uses_[first];
     ++uses_[last];
-    if (GranuleBits::one_word(first, last)) {  // the same, a word at a time
-      const std::size_t w = first / 64;
-      const std::uint64_t range = GranuleBits::bits_of(first, last);
-      if (const std::uint64_t taken = free_bits_.word(w) & range; taken != 0) {
+    std::size_t unmapped = 0;
+    for (std::size_t w = first / 64; w <= last / 64; ++w) {
+      const std::uint64_t range = GranuleBits::bits_of(w, first, last);
+      if (const std::uint64_t taken = free_bits_.word(w) & range; taken != 0) {  // free granules that now hold a block
         free_count_ -= count_ones(taken);
         free_bits_.clear_bits(w, taken);
       }
-      return count_ones(range & ~mapped_bits_.word(w));
+      unmapped += count_ones(range & ~mapped_bits_.word(w));
     }
-    const std::size_t taken = free_bits_.count(first, last);  // free granules that now hold a block
-    if (taken != 0) {
-      free_count_ -= taken;
-      free_bits_.clear_range(first, last);
-    }
-    return unmapped_in(first, last);
+    return unmapped;
   }
 
   /// Unmapped granule `id`, already used by the block being backed
@@ -297,25 +261,24 @@ class GranuleTable {
       unuse(first);
       return;
     }
-    if (GranuleBits::one_word(first, last)) {  // the same, a word at a time
-      unuse_in_word(first, last, stream);
-      return;
+    // A word at a time, every bitmap at once, as in use_range(). The
+    // granules freed: every mapped one between the ends (the block's alone)
+    // and each end that this was the last use of.
+    GranuleBits* tags = stream == kNoStream ? nullptr : &tags_of(stream);
+    const bool first_freed = --uses_[first] == 0, last_freed = --uses_[last] == 0;
+    bool unqueued = false;
+    for (std::size_t w = first / 64; w <= last / 64; ++w) {
+      const std::uint64_t range = GranuleBits::bits_of(w, first, last);
+      if (tags != nullptr) tags->set_bits(w, range);
+      std::uint64_t freed = range & mapped_bits_.word(w);
+      if (w == first / 64 && !first_freed) freed &= ~GranuleBits::bit(first % 64);
+      if (w == last / 64 && !last_freed) freed &= ~GranuleBits::bit(last % 64);
+      if (freed == 0) continue;
+      free_count_ += count_ones(freed);
+      free_bits_.set_bits(w, freed);
+      unqueued = unqueued || (freed & ~queued_.word(w)) != 0;
     }
-    if (stream != kNoStream) tags_of(stream).set_range(first, last);
-    unuse(first);
-    unuse(last);
-    if (last - first < 2) return;
-    // Every granule between the ends was the block's alone: each mapped one
-    // is free now.
-    const GranuleId inner_first = first + 1, inner_last = last - 1;
-    const std::size_t freed = mapped_bits_.count(inner_first, inner_last);
-    if (freed == 0) return;
-    free_count_ += freed;
-    free_bits_.set_range_where(mapped_bits_, inner_first, inner_last);
-    if (queued_.all(inner_first, inner_last)) return;  // usual once warm: the lazy queue holds them still
-    for (GranuleId id = inner_first; id <= inner_last; ++id) {
-      if (!queued_.test(id) && free_bits_.test(id)) enqueue(id);
-    }
+    if (unqueued) enqueue_free(first, last);  // rare once warm: the lazy queue holds them still
   }
 
   /// The free granule that has waited longest, or kNoGranule when none is free.
@@ -357,30 +320,19 @@ class GranuleTable {
   }
 
  private:
-  /// unuse_range() of a block of two or more granules in one word: the
-  /// granules it frees (its mapped inner ones, and its ends if it was their
-  /// last use) are one mask, queued ends first as unuse() would.
-  void unuse_in_word(GranuleId first, GranuleId last, Stream stream) {
-    const std::size_t w = first / 64;
-    const std::uint64_t range = GranuleBits::bits_of(first, last);
-    if (stream != kNoStream) tags_of(stream).set_bits(w, range);
-    std::uint64_t freed = range & mapped_bits_.word(w);
-    if (--uses_[first] != 0) freed &= ~(std::uint64_t{1} << (first % 64));
-    if (--uses_[last] != 0) freed &= ~(std::uint64_t{1} << (last % 64));
-    if (freed == 0) return;
-    free_count_ += count_ones(freed);
-    free_bits_.set_bits(w, freed);
-    std::uint64_t unqueued = freed & ~queued_.word(w);
-    if (unqueued == 0) return;  // usual once warm: the lazy queue holds them still
+  /// Queues the free granules of [first, last] not queued yet: the ends
+  /// first, then the rest in address order.
+  void enqueue_free(GranuleId first, GranuleId last) {
     for (const GranuleId end : {first, last}) {
-      const std::uint64_t end_bit = std::uint64_t{1} << (end % 64);
-      if ((unqueued & end_bit) == 0) continue;
-      enqueue(end);
-      unqueued &= ~end_bit;
+      if (free_bits_.test(end) && !queued_.test(end)) enqueue(end);
     }
-    queued_.set_bits(w, unqueued);
-    for (; unqueued != 0; unqueued &= unqueued - 1) {
-      queue_.push_back(static_cast<GranuleId>(w * 64 + static_cast<std::size_t>(std::countr_zero(unqueued))));
+    for (std::size_t w = (first + 1) / 64; last > first + 1 && w <= (last - 1) / 64; ++w) {
+      std::uint64_t unqueued = free_bits_.word(w) & ~queued_.word(w) & GranuleBits::bits_of(w, first + 1, last - 1);
+      if (unqueued == 0) continue;
+      queued_.set_bits(w, unqueued);
+      for (; unqueued != 0; unqueued &= unqueued - 1) {
+        queue_.push_back(static_cast<GranuleId>(w * 64 + static_cast<std::size_t>(std::countr_zero(unqueued))));
+      }
     }
   }
   /// One use less on granule `id` (a block's end); free if it was the last
