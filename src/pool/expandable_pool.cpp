@@ -61,8 +61,7 @@ std::size_t ExpandablePool::State::release_free(std::size_t keep) {
 
 Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std::size_t bytes,
                                    std::size_t requested) {
-  const GranuleId first = granule_of(space, base);
-  const GranuleId last = granule_of(space, base + bytes - 1);
+  const auto [first, last] = granules_of(space, base, bytes);
   // Granules already mapped (free or shared with a neighbour) are reused in
   // place; count the rest before changing anything.
   const std::size_t missing = granules.use_range(first, last);
@@ -148,8 +147,8 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
 
 void ExpandablePool::State::unback(const Space& space, std::uintptr_t base, std::size_t bytes,
                                    Stream stream) noexcept {
-  const GranuleId last = granule_of(space, base + bytes - 1);
-  granules.unuse_range(granule_of(space, base), last, stream);
+  const auto [first, last] = granules_of(space, base, bytes);
+  granules.unuse_range(first, last, stream);
 }
 
 void ExpandablePool::State::free_large(const Held& block) noexcept {
@@ -385,8 +384,7 @@ std::size_t ExpandablePool::State::free_granules_with_held() const {
   for (const Held& block : held) {
     const auto base = reinterpret_cast<std::uintptr_t>(block.ptr);
     const Space& space = *space_of(base);
-    const GranuleId first = granule_of(space, base);
-    const GranuleId last = granule_of(space, base + block.bytes - 1);
+    const auto [first, last] = granules_of(space, base, block.bytes);
     if (last - first >= 2) count += last - first - 1 - granules.unmapped_in(first + 1, last - 1);  // the block's alone
     ends_in(first);  // a block's ends count one use each (one in all when they are one granule)
     if (last != first) ends_in(last);

@@ -172,6 +172,13 @@ struct ExpandablePool::State {
   GranuleId granule_of(const Space& space, std::uintptr_t address) const noexcept {
     return space.first + static_cast<GranuleId>((address - space.base) >> granule_shift);
   }
+  /// The first and the last granule under [base, base + bytes) (bytes > 0).
+  struct GranuleSpan {
+    GranuleId first, last;
+  };
+  GranuleSpan granules_of(const Space& space, std::uintptr_t base, std::size_t bytes) const noexcept {
+    return {granule_of(space, base), granule_of(space, base + bytes - 1)};
+  }
   void* address_of(GranuleId id) const noexcept {
     for (const Space& space : spaces) {
       if (id - space.first < space.bytes / granule) {
@@ -230,12 +237,12 @@ struct ExpandablePool::State {
   struct GranulesToMap final : pool::PlacementCost {
     explicit GranulesToMap(const State& state) : s(state) {}
     std::size_t cost(std::uintptr_t base, std::size_t bytes) const noexcept override {
-      const Space& space = *s.space_of(base);
-      return s.granules.unmapped_in(s.granule_of(space, base), s.granule_of(space, base + bytes - 1));
+      const auto [first, last] = s.granules_of(*s.space_of(base), base, bytes);
+      return s.granules.unmapped_in(first, last);
     }
     bool costs_nothing(std::uintptr_t base, std::size_t bytes) const noexcept override {
-      const Space& space = *s.space_of(base);
-      return s.granules.all_mapped(s.granule_of(space, base), s.granule_of(space, base + bytes - 1));
+      const auto [first, last] = s.granules_of(*s.space_of(base), base, bytes);
+      return s.granules.all_mapped(first, last);
     }
     // Free chunks coalesce over granules stolen from their middle, so mapped
     // granules may lie inside one whose ends are not: a block starting at

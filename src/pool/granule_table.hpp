@@ -102,11 +102,11 @@ class GranuleBits {
     words_[w] &= ~bits;
     if (words_[w] == 0) summary_[w / 64] &= ~bit(w % 64);
   }
-  /// The bits of word w that lie in [first, last].
-  static constexpr std::uint64_t bits_of(std::size_t w, std::size_t first, std::size_t last) noexcept {
-    return mask(w, first, last);
-  }
   static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
+  /// The bits of word w that lie in [first, last].
+  static constexpr std::uint64_t mask(std::size_t w, std::size_t first, std::size_t last) noexcept {
+    return (~std::uint64_t{0} >> (63 - high(w, last))) & (~std::uint64_t{0} << low(w, first));
+  }
 
   /// The highest set bit, or kNoBit.
   static constexpr std::size_t kNoBit = SIZE_MAX;
@@ -151,10 +151,6 @@ class GranuleBits {
   /// How many bits of word w lie in [first, last].
   static constexpr std::size_t width(std::size_t w, std::size_t first, std::size_t last) noexcept {
     return high(w, last) - low(w, first) + 1;
-  }
-  /// The bits of word w that lie in [first, last].
-  static constexpr std::uint64_t mask(std::size_t w, std::size_t first, std::size_t last) noexcept {
-    return (~std::uint64_t{0} >> (63 - high(w, last))) & (~std::uint64_t{0} << low(w, first));
   }
   std::vector<std::uint64_t> words_;
   std::vector<std::uint64_t> summary_;
@@ -234,7 +230,7 @@ class GranuleTable {
     ++uses_[last];
     std::size_t unmapped = 0;
     for (std::size_t w = first / 64; w <= last / 64; ++w) {
-      const std::uint64_t range = GranuleBits::bits_of(w, first, last);
+      const std::uint64_t range = GranuleBits::mask(w, first, last);
       if (const std::uint64_t taken = free_bits_.word(w) & range; taken != 0) {  // free granules that now hold a block
         free_count_ -= count_ones(taken);
         free_bits_.clear_bits(w, taken);
@@ -268,7 +264,7 @@ class GranuleTable {
     const bool first_freed = --uses_[first] == 0, last_freed = --uses_[last] == 0;
     bool unqueued = false;
     for (std::size_t w = first / 64; w <= last / 64; ++w) {
-      const std::uint64_t range = GranuleBits::bits_of(w, first, last);
+      const std::uint64_t range = GranuleBits::mask(w, first, last);
       if (tags != nullptr) tags->set_bits(w, range);
       std::uint64_t freed = range & mapped_bits_.word(w);
       if (w == first / 64 && !first_freed) freed &= ~GranuleBits::bit(first % 64);
@@ -327,7 +323,7 @@ class GranuleTable {
       if (free_bits_.test(end) && !queued_.test(end)) enqueue(end);
     }
     for (std::size_t w = (first + 1) / 64; last > first + 1 && w <= (last - 1) / 64; ++w) {
-      std::uint64_t unqueued = free_bits_.word(w) & ~queued_.word(w) & GranuleBits::bits_of(w, first + 1, last - 1);
+      std::uint64_t unqueued = free_bits_.word(w) & ~queued_.word(w) & GranuleBits::mask(w, first + 1, last - 1);
       if (unqueued == 0) continue;
       queued_.set_bits(w, unqueued);
       for (; unqueued != 0; unqueued &= unqueued - 1) {
