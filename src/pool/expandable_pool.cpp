@@ -61,7 +61,8 @@ std::size_t ExpandablePool::State::release_free(std::size_t keep) {
 
 Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std::size_t bytes,
                                    std::size_t requested) {
-  const auto [first, last] = granules_of(space, base, bytes);
+  const GranuleSpan span = granules_of(space, base, bytes);
+  const GranuleId first = span.first, last = span.last;  // captured below: not a structured binding (clang 14)
   // Granules already mapped (free or shared with a neighbour) are reused in
   // place; count the rest before changing anything.
   const std::size_t missing = granules.use_range(first, last);
