@@ -107,6 +107,9 @@ class CudaDevice final : public Device {
   /// stream is 0 (the legacy default stream) or a live cudaStream_t of this
   /// device. cudaStreamSynchronize.
   Status synchronize(Stream stream) override;
+  /// As synchronize() for `stream`. cudaStreamQuery: true on cudaSuccess,
+  /// false on cudaErrorNotReady (work still queued), an error otherwise.
+  Expected<bool> query(Stream stream) override;
   /// bytes > 0. Pinned host memory (cudaHostAlloc): copies to and from it
   /// run at the bus's full speed.
   Expected<void*> allocate_host(std::size_t bytes) override;

@@ -128,7 +128,22 @@ class Device {
   /// Waits until all work queued on `stream` so far has finished. Pools call
   /// it before handing memory freed on one stream to another.
   virtual Status synchronize(Stream stream) = 0;
+  /// Whether all work queued on `stream` so far has finished, without
+  /// waiting (cudaStreamQuery). Pools ask before they would synchronize: a
+  /// stream found idle needs none. A device that cannot tell answers false
+  /// (busy), and the pool synchronizes.
+  virtual Expected<bool> query(Stream stream) {
+    (void)stream;
+    return false;
+  }
 };
+
+/// Waits for the work queued on `stream`: nothing when the device finds it
+/// idle, else a synchronize.
+inline Status wait_for(Device& device, Stream stream) {
+  if (Expected<bool> idle = device.query(stream); idle && *idle) return {};
+  return device.synchronize(stream);
+}
 
 /// A device that forwards every call to another: the base of the decorators
 /// (limit, ledger, counting), in the style of RMM's resource adaptors.
@@ -159,6 +174,7 @@ class DeviceAdaptor : public Device {
     return upstream_->release(handle, bytes);
   }
   Status synchronize(Stream stream) override { return upstream_->synchronize(stream); }
+  Expected<bool> query(Stream stream) override { return upstream_->query(stream); }
   // create_many is not forwarded: the default calls this adaptor's create().
   Expected<void*> allocate_host(std::size_t bytes) override { return upstream_->allocate_host(bytes); }
   Status free_host(void* ptr, std::size_t bytes) override { return upstream_->free_host(ptr, bytes); }

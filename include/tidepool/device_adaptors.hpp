@@ -59,7 +59,7 @@ struct CallCounters {
 };
 
 struct DeviceCounters {
-  CallCounters allocate, free, reserve, unreserve, create, map, unmap, release, synchronize;
+  CallCounters allocate, free, reserve, unreserve, create, map, unmap, release, synchronize, query;
 
   std::size_t plain_bytes_held = 0;     // live allocate() bytes (as asked)
   std::size_t physical_bytes_held = 0;  // live create() bytes
@@ -91,6 +91,7 @@ class CountingDevice final : public DeviceAdaptor {
   Status unmap(void* va, std::size_t bytes) override;
   Status release(PhysicalHandle handle, std::size_t bytes) override;
   Status synchronize(Stream stream) override;
+  Expected<bool> query(Stream stream) override;
 
   /// A snapshot. Each field is exact; fields read while other threads call
   /// may be from slightly different moments.
@@ -98,7 +99,7 @@ class CountingDevice final : public DeviceAdaptor {
 
  private:
   enum Kind { kAllocate, kFree, kReserve, kUnreserve, kCreate, kMap, kUnmap, kRelease,
-              kSynchronize, kKinds };
+              kSynchronize, kQuery, kKinds };
   struct AtomicCall {
     std::atomic<std::uint64_t> calls{0}, failures{0}, nanoseconds{0};
   };

@@ -81,6 +81,8 @@ class HostDevice final : public Device {
   Status release(PhysicalHandle handle, std::size_t bytes) override;
   /// The host has no asynchronous work: always succeeds.
   Status synchronize(Stream stream) override;
+  /// The host has no asynchronous work: every stream is idle (true).
+  Expected<bool> query(Stream stream) override;
   /// bytes > 0. An anonymous mapping of its own (page-aligned), outside
   /// the device's capacity: the host copy of a sleeping tag.
   Expected<void*> allocate_host(std::size_t bytes) override;

@@ -95,18 +95,21 @@ struct DeviceCalls {
   /// synchronize(): a stream waited for before memory it freed serves
   /// another stream (on a GPU, the expensive part of a cross-stream reuse).
   std::uint64_t syncs = 0;
+  /// query(): a stream asked, without waiting, whether its work is done;
+  /// one found idle needs no sync.
+  std::uint64_t queries = 0;
   /// Host time spent inside device calls, nanoseconds.
   std::uint64_t device_ns = 0;
 
   std::uint64_t total() const noexcept {
-    return allocs + frees + creates + releases + maps + unmaps + reserves + syncs;
+    return allocs + frees + creates + releases + maps + unmaps + reserves + syncs + queries;
   }
   /// Every field by its report name, total() included: what JSON, Python
   /// and the tables serialize.
-  std::array<std::pair<std::string_view, std::uint64_t>, 10> items() const noexcept {
+  std::array<std::pair<std::string_view, std::uint64_t>, 11> items() const noexcept {
     return {{{"allocs", allocs}, {"frees", frees}, {"creates", creates}, {"releases", releases},
              {"maps", maps}, {"unmaps", unmaps}, {"reserves", reserves}, {"syncs", syncs},
-             {"total", total()}, {"device_ns", device_ns}}};
+             {"queries", queries}, {"total", total()}, {"device_ns", device_ns}}};
   }
   /// The calls made between two readings: later minus earlier.
   DeviceCalls since(const DeviceCalls& earlier) const noexcept;

@@ -102,12 +102,12 @@ MemInfo LimitDevice::mem_info() const {
 
 std::uint64_t DeviceCounters::total_calls() const {
   return allocate.calls + free.calls + reserve.calls + unreserve.calls + create.calls +
-         map.calls + unmap.calls + release.calls + synchronize.calls;
+         map.calls + unmap.calls + release.calls + synchronize.calls + query.calls;
 }
 std::uint64_t DeviceCounters::total_nanoseconds() const {
   return allocate.nanoseconds + free.nanoseconds + reserve.nanoseconds + unreserve.nanoseconds +
          create.nanoseconds + map.nanoseconds + unmap.nanoseconds + release.nanoseconds +
-         synchronize.nanoseconds;
+         synchronize.nanoseconds + query.nanoseconds;
 }
 
 CountingDevice::CountingDevice(std::shared_ptr<Device> upstream)
@@ -202,6 +202,10 @@ Status CountingDevice::synchronize(Stream stream) {
   return counted(kSynchronize, [&] { return upstream().synchronize(stream); });
 }
 
+Expected<bool> CountingDevice::query(Stream stream) {
+  return counted(kQuery, [&] { return upstream().query(stream); });
+}
+
 DeviceCounters CountingDevice::counters() const {
   auto read = [this](Kind kind) {
     const AtomicCall& counter = calls_[kind];
@@ -219,6 +223,7 @@ DeviceCounters CountingDevice::counters() const {
   out.unmap = read(kUnmap);
   out.release = read(kRelease);
   out.synchronize = read(kSynchronize);
+  out.query = read(kQuery);
   out.plain_bytes_held = plain_bytes_.load(std::memory_order_relaxed);
   out.physical_bytes_held = physical_bytes_.load(std::memory_order_relaxed);
   out.bytes_held = held_bytes_.load(std::memory_order_relaxed);

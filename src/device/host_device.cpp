@@ -543,6 +543,8 @@ Status HostDevice::release(PhysicalHandle handle, std::size_t bytes) {
 
 Status HostDevice::synchronize(Stream) { return {}; }
 
+Expected<bool> HostDevice::query(Stream) { return true; }
+
 Expected<void*> HostDevice::allocate_host(std::size_t bytes) {
   if (bytes == 0) return Error(Errc::invalid_argument, state_->who() + ": allocate_host of 0 bytes");
   void* ptr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

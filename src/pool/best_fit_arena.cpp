@@ -209,7 +209,18 @@ bool BestFitArena::waits(const Chunk& chunk) const noexcept {
 
 void BestFitArena::synchronized(Stream stream) { synchronized_.set(stream, frees_); }
 
+bool BestFitArena::busy(Stream stream) {
+  if (busy_since_.at(stream) == allocations_) return true;  // asked during this allocation
+  if (Expected<bool> idle = device_.query(stream); idle && *idle) {
+    synchronized(stream);
+    return false;
+  }
+  busy_since_.set(stream, allocations_);  // an error too: the synchronize will report it
+  return true;
+}
+
 Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
+  ++allocations_;
   Expected<ChunkId> id = find_fitting(bytes);
   if (!id) return std::move(id).error();
   if (*id == kNoChunk) return MemoryRange{};
@@ -217,6 +228,7 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
 }
 
 Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, const PlacementCost& cost) {
+  ++allocations_;
   Expected<ChunkId> fit = find_fitting(bytes);
   if (!fit) return std::move(fit).error();
   if (*fit == kNoChunk) return MemoryRange{};
@@ -231,10 +243,13 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, c
   };
   // A candidate's score, or `bound` when it cannot score below it (a sync
   // alone already does not): such a one is never taken, so its granules
-  // need not be counted.
+  // need not be counted. Only the best fit's stream is asked whether it is
+  // busy; the others' count as busy (take() asks for the one taken), so an
+  // allocation queries a stream or two, not one per candidate.
   auto place = [&](ChunkId id, std::size_t bound) {
     const Chunk& chunk = chunks_[id];
-    const std::size_t sync = must_wait(chunk, stream) ? 1 : 0;
+    const bool wait = id == *fit ? must_wait(chunk, stream) : may_wait(chunk, stream);
+    const std::size_t sync = wait ? 1 : 0;
     if (sync >= bound) return Placement{id, 0, bound};
     // When one granule to map already reaches the bound, only a placement
     // that maps nothing could be taken: asking whether one does is cheaper
@@ -334,8 +349,8 @@ Status BestFitArena::settle_streams() {
     }
   }
   for (Stream stream : pending) {
-    Status synced = device_.synchronize(stream);
-    if (!synced) return synced;
+    Status waited = wait_for(device_, stream);
+    if (!waited) return waited;
     synchronized(stream);
   }
   for (const Region& region : regions_) {

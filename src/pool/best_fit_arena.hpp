@@ -129,11 +129,20 @@ class BestFitArena {
   /// tagged, and that stream was not synchronized since.
   bool waits(const Chunk& chunk) const noexcept;
   /// Whether handing free chunk `chunk` to `stream` must first synchronize
-  /// the stream that freed it.
-  bool must_wait(const Chunk& chunk, Stream stream) const noexcept {
+  /// the stream that freed it: the chunk waits, and the device finds that
+  /// stream busy.
+  bool must_wait(const Chunk& chunk, Stream stream) { return may_wait(chunk, stream) && busy(chunk.stream); }
+  /// must_wait() without asking the device: whether the freeing stream has
+  /// not been found idle since.
+  bool may_wait(const Chunk& chunk, Stream stream) const noexcept {
     return chunk.stream != stream && waits(chunk);
   }
-  /// `stream` was synchronized: memory it freed so far waits for nothing.
+  /// Whether work queued on `stream` may still run: asks the device
+  /// (Device::query) at most once an allocation while it stays busy; found
+  /// idle, the stream counts as synchronized.
+  bool busy(Stream stream);
+  /// `stream` was synchronized (or found idle): memory it freed so far waits
+  /// for nothing.
   void synchronized(Stream stream);
   /// Cuts `bytes` off the back of free chunk `id` (in its bin) as a new free
   /// chunk in no bin, and returns it; `id` keeps the rest.
@@ -170,10 +179,14 @@ class BestFitArena {
   std::size_t region_bytes_ = 0;
   std::size_t unmerged_pairs_ = 0;  // free neighbours kept apart by stream tags
   std::uint64_t frees_ = 0;         // free() calls so far: Chunk::freed_at
-  /// Per stream synchronized: frees_ at its last synchronize. One sync
-  /// clears every chunk the stream freed before it, so a stream's memory
-  /// passing to other streams costs one sync, not one per chunk.
+  std::uint64_t allocations_ = 0;   // allocate() calls so far
+  /// Per stream: frees_ at its last synchronize, or the last query that
+  /// found it idle. One clears every chunk the stream freed before it, so a
+  /// stream's memory passing to other streams costs one call, not one per
+  /// chunk.
   SyncClocks synchronized_;
+  /// Per stream: allocations_ when a query last found it busy.
+  SyncClocks busy_since_;
 };
 
 }  // namespace tidepool::pool

@@ -31,10 +31,10 @@ Status ExpandablePool::State::settle(GranuleId id) {
   if (tag == kNoStream) return {};
   if (tag == pool::kManyStreams) {
     for (Stream stream : freeing_streams) {
-      if (Status synced = device->synchronize(stream); !synced) return synced;
+      if (Status waited = wait_for(*device, stream); !waited) return waited;
     }
-  } else if (Status synced = device->synchronize(tag); !synced) {
-    return synced;
+  } else if (Status waited = wait_for(*device, tag); !waited) {
+    return waited;
   }
   granules.settled(id);
   return {};
@@ -261,7 +261,7 @@ ExpandablePool::~ExpandablePool() {
   // the streams blocks were freed on are waited for first.
   State& s = *state_;
   s.stop_reaper();
-  for (Stream stream : s.freeing_streams) (void)s.device->synchronize(stream);
+  for (Stream stream : s.freeing_streams) (void)wait_for(*s.device, stream);
   for (std::size_t id = 1; id <= s.tags.size(); ++id) s.free_host(s.tags.at(static_cast<pool::TagId>(id)).host);
   for (GranuleId id = 0; id < s.granules.size(); ++id) {
     if (!s.granules.is_mapped(id)) continue;

@@ -120,7 +120,7 @@ std::vector<GranuleId> ExpandablePool::State::mapped_granules(pool::TagId id) co
 
 Status ExpandablePool::State::prepare_host(pool::Tag& tag, SleepKeep keep) {
   for (Stream stream : tag.streams) {
-    if (Status synced = device->synchronize(stream); !synced) return synced;
+    if (Status waited = wait_for(*device, stream); !waited) return waited;
   }
   const std::size_t bytes = tag.sleeping.size() * granule;
   if (keep == SleepKeep::nothing || bytes == 0) {

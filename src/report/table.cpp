@@ -44,7 +44,7 @@ TableText table_text(const trace::TraceReplay& replay) {
   }
   table.rows.push_back({"mode", "peak reserved", "avg reserved", "reserved/live", "high-water",
                         "min capacity (x live)", "min limit (x live)", "dev allocs", "dev frees", "maps", "unmaps",
-                        "syncs", "OOMs", "ns/op"});
+                        "syncs", "queries", "OOMs", "ns/op"});
   for (const trace::ModeReplay& mode : replay.modes) {
     const bool warm = mode.passes.size() > 1;
     const trace::DeviceCalls& calls = warm ? mode.passes.back().device_calls : mode.device_calls;
@@ -66,6 +66,7 @@ TableText table_text(const trace::TraceReplay& replay) {
         std::to_string(calls.maps),
         std::to_string(calls.unmaps),
         std::to_string(calls.syncs),
+        std::to_string(calls.queries),
         std::to_string(mode.ooms),
         fmt::format("{:.1f}", ns_per_op),
     });
@@ -74,7 +75,7 @@ TableText table_text(const trace::TraceReplay& replay) {
     const trace::RecordedReplay& recorded = *replay.recorded;
     table.rows.push_back({recorded.label, bytes_text(recorded.peak_reserved_bytes),
                           bytes_text(static_cast<std::uint64_t>(recorded.average_reserved_bytes)),
-                          ratio_text(recorded.fragmentation), "-", "-", "-", "-", "-", "-", "-", "-",
+                          ratio_text(recorded.fragmentation), "-", "-", "-", "-", "-", "-", "-", "-", "-",
                           std::to_string(replay.failed_allocs), "-"});
   }
   if (replay.failed_allocs != 0) {

@@ -233,6 +233,7 @@ DeviceCalls calls_of(const DeviceCounters& counts) {
   calls.unmaps = counts.unmap.calls;
   calls.reserves = counts.reserve.calls;
   calls.syncs = counts.synchronize.calls;
+  calls.queries = counts.query.calls;
   calls.device_ns = counts.total_nanoseconds();
   return calls;
 }
@@ -587,6 +588,7 @@ DeviceCalls DeviceCalls::since(const DeviceCalls& earlier) const noexcept {
   delta.unmaps = unmaps - earlier.unmaps;
   delta.reserves = reserves - earlier.reserves;
   delta.syncs = syncs - earlier.syncs;
+  delta.queries = queries - earlier.queries;
   delta.device_ns = device_ns - earlier.device_ns;
   return delta;
 }

@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -313,6 +316,30 @@ TEST_F(CudaDeviceTest, SynchronizeWaitsForTheStream) {
   EXPECT_TRUE(filled_with(*ptr, kBytes, 0x5A));
   EXPECT_TRUE(device_->synchronize(kDefaultStream));
   EXPECT_TRUE(device_->free(*ptr, kBytes));
+}
+
+// query() tells a stream with work queued (a host function held until the
+// test lets it go) from an idle one, without waiting.
+TEST_F(CudaDeviceTest, QueryTellsABusyStreamFromAnIdleOne) {
+  Expected<CudaStream> stream = CudaStream::create(*device_);
+  ASSERT_TRUE(stream) << stream.error().message();
+  Expected<bool> idle = device_->query(stream->handle());
+  ASSERT_TRUE(idle) << idle.error().message();
+  EXPECT_TRUE(*idle);
+  std::atomic<bool> release{false};
+  auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(stream->handle()), hold, &release), cudaSuccess);
+  idle = device_->query(stream->handle());
+  ASSERT_TRUE(idle) << idle.error().message();
+  EXPECT_FALSE(*idle);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // a busy answer leaves no error behind
+  release = true;
+  ASSERT_TRUE(device_->synchronize(stream->handle()));
+  idle = device_->query(stream->handle());
+  ASSERT_TRUE(idle) << idle.error().message();
+  EXPECT_TRUE(*idle);
 }
 
 TEST_F(CudaDeviceTest, FindCudaDeviceSeesThroughDecorators) {

@@ -104,6 +104,9 @@ TEST(CountingDevice, CountsCallsFailuresBytesAndTime) {
   ASSERT_TRUE(counting->free(*p, 1000));
   ASSERT_TRUE(counting->unreserve(*va, 4 * g));
   ASSERT_TRUE(counting->synchronize(kDefaultStream));
+  Expected<bool> idle = counting->query(Stream{3});
+  ASSERT_TRUE(idle);
+  EXPECT_TRUE(*idle);  // the host device's streams never have work queued
 
   c = counting->counters();
   EXPECT_EQ(c.reserve.calls, 1u);
@@ -117,7 +120,8 @@ TEST(CountingDevice, CountsCallsFailuresBytesAndTime) {
   EXPECT_EQ(c.allocate.calls, 1u);
   EXPECT_EQ(c.free.calls, 1u);
   EXPECT_EQ(c.synchronize.calls, 1u);
-  EXPECT_EQ(c.total_calls(), 15u);
+  EXPECT_EQ(c.query.calls, 1u);
+  EXPECT_EQ(c.total_calls(), 16u);
   EXPECT_GT(c.total_nanoseconds(), 0u);
   EXPECT_EQ(c.bytes_held, 0u);
   EXPECT_EQ(c.peak_bytes_held, 3 * g + 1000);

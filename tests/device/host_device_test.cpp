@@ -61,6 +61,9 @@ TEST(HostDevice, IdAndDescription) {
   EXPECT_EQ(device->granularity(), 2 * MiB);
   EXPECT_TRUE(device->synchronize(kDefaultStream));
   EXPECT_TRUE(device->synchronize(Stream{42}));
+  Expected<bool> idle = device->query(Stream{42});
+  ASSERT_TRUE(idle);
+  EXPECT_TRUE(*idle);
 }
 
 TEST(HostDevice, RemapPreservesDataAtANewAddress) {

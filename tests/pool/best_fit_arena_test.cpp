@@ -366,6 +366,31 @@ TEST_F(BestFitArenaTest, OneSynchronizeServesEverythingTheStreamFreedBefore) {
   EXPECT_EQ(device_->calls(7), 2);
 }
 
+// A stream the device finds idle (nothing queued: Device::query) needs no
+// synchronize: its memory passes to another stream for one query, which
+// also serves every chunk it freed before. A busy one is asked once per
+// allocation, then synchronized.
+TEST_F(BestFitArenaTest, AStreamFoundIdleIsNotSynchronized) {
+  BestFitArena arena(*device_);
+  ASSERT_TRUE(arena.add_region(region(1 * MiB), 1 * MiB));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(arena.allocate(4 * KiB, 7)->base);
+  for (int i = 0; i < 8; i += 2) ASSERT_TRUE(arena.free(blocks[i], 7));  // four holes, apart
+  device_->set_idle(true);
+  std::vector<void*> reused;
+  for (int i = 0; i < 4; ++i) reused.push_back(arena.allocate(4 * KiB, 8)->base);
+  std::sort(reused.begin(), reused.end());
+  EXPECT_EQ(reused, (std::vector<void*>{blocks[0], blocks[2], blocks[4], blocks[6]}));  // the holes
+  EXPECT_EQ(device_->total_calls(), 0);
+  EXPECT_EQ(device_->queries(), 1);
+  // Busy now: the next hand-over asks once and then synchronizes.
+  device_->set_idle(false);
+  ASSERT_TRUE(arena.free(blocks[1], 7));
+  EXPECT_EQ(arena.allocate(4 * KiB, 8)->base, blocks[1]);
+  EXPECT_EQ(device_->calls(7), 1);
+  EXPECT_EQ(device_->queries(), 2);
+}
+
 // The owner's cost decides where a block goes: the start or the end of a
 // chunk, or another chunk that fits, before the best fit when that costs more.
 TEST_F(BestFitArenaTest, PlacementGoesWhereItCostsLeast) {

@@ -375,10 +375,12 @@ TEST(ExpandablePool, TheMappingLimitIsAClearErrorAndThePoolRecovers) {
   ASSERT_TRUE(pool->deallocate(whole));
 }
 
-// Records the order of synchronize() and unmap() calls.
+// Records the order of synchronize() and unmap() calls. Its streams are
+// always busy: a query never spares a synchronize.
 class CallOrderDevice final : public DeviceAdaptor {
  public:
   using DeviceAdaptor::DeviceAdaptor;
+  Expected<bool> query(Stream) override { return false; }
   Status synchronize(Stream stream) override {
     calls.push_back("sync " + std::to_string(stream));
     return DeviceAdaptor::synchronize(stream);
@@ -430,6 +432,26 @@ TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {
   EXPECT_EQ(counting->calls(kThree), 0);
   EXPECT_EQ(pool->stats().num_stitches, 1);
   EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(64 * MiB));
+  for (void* block : {d, keep_1, keep_2}) ASSERT_TRUE(pool->deallocate(block, kThree));
+}
+
+// Streams the device finds idle need no synchronize before their granules
+// move: the same steal as above, for two queries.
+TEST(ExpandablePool, StealingFromStreamsFoundIdleDoesNotSynchronize) {
+  auto counting = std::make_shared<SyncCountingDevice>(host_device(64 * MiB));
+  counting->set_idle(true);
+  auto pool = expandable(counting);
+  constexpr Stream kOne = 1, kTwo = 2, kThree = 3;
+  void* a = must_allocate(*pool, 16 * MiB, kOne);
+  void* keep_1 = must_allocate(*pool, 2 * MiB);
+  void* b = must_allocate(*pool, 16 * MiB, kTwo);
+  void* keep_2 = must_allocate(*pool, 2 * MiB);
+  ASSERT_TRUE(pool->deallocate(a, kOne));
+  ASSERT_TRUE(pool->deallocate(b, kTwo));
+  void* d = must_allocate(*pool, 60 * MiB, kThree);
+  EXPECT_EQ(pool->stats().num_stitches, 1);
+  EXPECT_EQ(counting->total_calls(), 0);
+  EXPECT_GE(counting->queries(), 2);
   for (void* block : {d, keep_1, keep_2}) ASSERT_TRUE(pool->deallocate(block, kThree));
 }
 

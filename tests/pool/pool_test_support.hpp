@@ -1,5 +1,5 @@
 // What the pool tests share: a host device, a decorator that counts
-// synchronize calls, and the pools by kind.
+// synchronize and query calls, and the pools by kind.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -37,7 +37,9 @@ inline void* must_allocate(Allocator& pool, std::size_t bytes, Stream stream = k
   return *ptr;
 }
 
-/// Counts Device::synchronize calls by stream.
+/// Counts Device::synchronize calls by stream, and queries. Its streams
+/// answer a query as busy (work still queued, as on a GPU that runs behind
+/// the host) unless set_idle(true), so a pool must synchronize them.
 class SyncCountingDevice final : public DeviceAdaptor {
  public:
   using DeviceAdaptor::DeviceAdaptor;
@@ -48,6 +50,12 @@ class SyncCountingDevice final : public DeviceAdaptor {
     }
     return DeviceAdaptor::synchronize(stream);
   }
+  Expected<bool> query(Stream) override {
+    queries_.fetch_add(1, std::memory_order_relaxed);
+    return idle_.load(std::memory_order_relaxed);
+  }
+  void set_idle(bool idle) { idle_.store(idle, std::memory_order_relaxed); }
+  int queries() const { return queries_.load(std::memory_order_relaxed); }
   int calls(Stream stream) const {
     std::lock_guard lock(mutex_);
     auto found = calls_.find(stream);
@@ -63,6 +71,8 @@ class SyncCountingDevice final : public DeviceAdaptor {
  private:
   mutable std::mutex mutex_;
   std::map<Stream, int> calls_;
+  std::atomic<int> queries_{0};
+  std::atomic<bool> idle_{false};
 };
 
 enum class PoolKind { preallocate, growth, platform, expandable };

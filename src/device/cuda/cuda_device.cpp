@@ -520,6 +520,19 @@ Status CudaDevice::synchronize(Stream stream) {
   return {};
 }
 
+Expected<bool> CudaDevice::query(Stream stream) {
+  State& s = *state_;
+  ScopedDevice current(s.ordinal);
+  if (!current.status()) return current.status().error();
+  const cudaError_t error = cudaStreamQuery(reinterpret_cast<cudaStream_t>(stream));
+  if (error == cudaSuccess) return true;
+  if (error == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: clear it, as PyTorch does after cudaEventQuery
+    return false;
+  }
+  return runtime_error(s.who() + ": cudaStreamQuery of stream " + format_address(stream), error);
+}
+
 Expected<void*> CudaDevice::allocate_host(std::size_t bytes) {
   State& s = *state_;
   if (bytes == 0) return Error(Errc::invalid_argument, s.who() + ": allocate_host of 0 bytes");
