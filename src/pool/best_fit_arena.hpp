@@ -15,7 +15,7 @@
 #include "pool/address_map.hpp"
 #include "pool/chunk_table.hpp"
 #include "pool/free_bins.hpp"
-#include "pool/sync_clocks.hpp"
+#include "pool/stream_values.hpp"
 #include "tidepool/device.hpp"
 #include "tidepool/error.hpp"
 
@@ -184,9 +184,9 @@ class BestFitArena {
   /// found it idle. One clears every chunk the stream freed before it, so a
   /// stream's memory passing to other streams costs one call, not one per
   /// chunk.
-  SyncClocks synchronized_;
+  StreamValues synchronized_;
   /// Per stream: allocations_ when a query last found it busy.
-  SyncClocks busy_since_;
+  StreamValues busy_since_;
 };
 
 }  // namespace tidepool::pool

@@ -110,15 +110,14 @@ struct ExpandablePool::State {
   std::vector<Space> spaces;
   pool::GranuleTable granules;
   std::vector<Stream> freeing_streams;  // every stream a block was freed on
-  Stream freeing_streams_last = kNoStream;  // the stream freed on last (in freeing_streams unless it is empty)
+  pool::StreamValues freed_on;          // 1 for each stream in freeing_streams
   /// A block was freed on `stream`: remembered for settling, and the reaper
   /// woken if it waits for something to release.
   void note_free(Stream stream) {
-    if ((freeing_streams.empty() || stream != freeing_streams_last) &&
-        std::find(freeing_streams.begin(), freeing_streams.end(), stream) == freeing_streams.end()) {
+    if (freed_on.at(stream) == 0) {
       freeing_streams.push_back(stream);
+      freed_on.set(stream, 1);
     }
-    freeing_streams_last = stream;
     if (reaper_parked) {
       reaper_parked = false;
       reaper_wake.notify_one();

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "pool/chunk_table.hpp"
+#include "pool/stream_values.hpp"
 #include "tidepool/device.hpp"
 
 namespace tidepool::pool {
@@ -353,12 +354,11 @@ class GranuleTable {
     return last_slot_ == kManySlot ? freed_by_many_ : freed_by_[last_slot_];
   }
   std::size_t find_slot(Stream stream) {
-    for (std::size_t slot = 0; slot < streams_.size(); ++slot) {
-      if (streams_[slot] == stream) return slot;
-    }
+    if (const std::uint64_t slot = slot_of_.at(stream); slot != 0) return slot - 1;
     if (streams_.size() == kTaggedStreams) return kManySlot;
     streams_.push_back(stream);
     freed_by_.emplace_back().resize(size());
+    slot_of_.set(stream, streams_.size());
     return streams_.size() - 1;
   }
   void enqueue(GranuleId id) {
@@ -378,6 +378,7 @@ class GranuleTable {
   std::vector<GranuleBits> freed_by_;
   GranuleBits freed_by_many_;               // freed by streams past kTaggedStreams
   std::vector<Stream> streams_;
+  StreamValues slot_of_;                    // per stream in streams_: its slot + 1
   Stream last_stream_ = kNoStream;          // tags_of()'s last answer
   std::size_t last_slot_ = kManySlot;
   std::deque<GranuleId> queue_;

@@ -13,7 +13,7 @@
 #include "pool/best_fit_arena.hpp"
 #include "pool/granule_table.hpp"
 #include "pool/size_bins.hpp"
-#include "pool/sync_clocks.hpp"
+#include "pool/stream_values.hpp"
 #include "pool_test_support.hpp"
 
 namespace tidepool::test {
@@ -28,7 +28,7 @@ using pool::GranuleTable;
 using pool::MemoryRange;
 using pool::PlacementCost;
 using pool::SizeBins;
-using pool::SyncClocks;
+using pool::StreamValues;
 
 TEST(SizeBins, EachBinStartsWhereThePreviousEnds) {
   for (std::size_t bin = 0; bin + 1 < SizeBins::kNumBins && SizeBins::lower_bound(bin + 1) < (std::size_t{1} << 62);
@@ -125,14 +125,14 @@ TEST(GranuleBits, FindRunAgreesWithABitByBitSearch) {
   }
 }
 
-TEST(SyncClocks, AgreesWithAMapForManyStreamsSharingSlots) {
+TEST(StreamValues, AgreesWithAMapForManyStreamsSharingSlots) {
   // 300 streams on 64 slots (most share one), small integers and aligned
   // pointers alike: every stream reads back its own last synchronize.
   std::mt19937_64 random(11);
   std::vector<Stream> streams;
   for (Stream s = 0; s < 150; ++s) streams.push_back(s);
   for (int i = 0; i < 150; ++i) streams.push_back(0x7f0000000000 + (random() % 4096) * 0x40);
-  SyncClocks clocks;
+  StreamValues clocks;
   std::unordered_map<Stream, std::uint64_t> model;
   for (std::uint64_t now = 1; now <= 20000; ++now) {
     const Stream stream = streams[random() % streams.size()];

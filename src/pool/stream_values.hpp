@@ -1,8 +1,8 @@
-// When each stream was last synchronized, in a best-fit arena's count of
-// frees: a free chunk waits for its stream while it was freed after that.
-// Asked for every candidate a placement weighs (up to 65 per allocation),
-// so a lookup is one probe of a small direct-mapped table, not a search
-// through every stream. Internal.
+// A number per stream, found in one probe of a small direct-mapped table
+// (with overflow), not by a search through every stream: a best-fit arena's
+// clock of each stream's last synchronize, asked for every candidate a
+// placement weighs, and the granule table's bitmap slot of each stream,
+// asked at every free. 0 for a stream never set. Internal.
 #pragma once
 
 #include <array>
@@ -15,10 +15,9 @@
 
 namespace tidepool::pool {
 
-class SyncClocks {
+class StreamValues {
  public:
-  /// The count at `stream`'s last synchronize; 0 if it never was (counts of
-  /// frees start at 1, so everything it freed still waits).
+  /// `stream`'s number; 0 if it was never set.
   std::uint64_t at(Stream stream) const noexcept {
     const Slot& slot = slots_[index(stream)];
     if (slot.stream == stream) return slot.at;
@@ -27,7 +26,7 @@ class SyncClocks {
     }
     return 0;
   }
-  /// `stream` was synchronized when the count was `at`.
+  /// Sets `stream`'s number to `at`.
   void set(Stream stream, std::uint64_t at) {
     Slot& slot = slots_[index(stream)];
     if (slot.stream == stream || slot.stream == kNoStream) {
