@@ -3,9 +3,12 @@
 // reuse, everything returned.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "cuda/cuda_test_support.hpp"
@@ -102,6 +105,38 @@ TEST_P(CudaPoolTest, BlockFreedOnOneStreamIsReusedSafelyOnAnother) {
   ASSERT_TRUE(device_->synchronize(b->handle()));
   ASSERT_TRUE(device_->synchronize(a->handle()));
   // Had the pool not waited for stream a, its memset could land after b's.
+  EXPECT_TRUE(filled_with(*second, kBytes, 0x99));
+  EXPECT_TRUE(allocator->deallocate(*second, b->handle()));
+}
+
+// The same with stream a surely busy: a host function holds it until a
+// thread lets it go, 200 ms later. The pool asks a (cudaStreamQuery), finds
+// it busy, and must not hand a's memory to b before a's memset has run.
+TEST_P(CudaPoolTest, MemoryOfABusyStreamWaitsForIt) {
+  Expected<CudaStream> a = CudaStream::create(*device_);
+  Expected<CudaStream> b = CudaStream::create(*device_);
+  ASSERT_TRUE(a && b);
+  auto allocator = pool(256 * MiB);
+  constexpr std::size_t kBytes = 64 * MiB;
+  Expected<void*> first = allocator->allocate(kBytes, a->handle());
+  ASSERT_TRUE(first) << first.error().message();
+  std::atomic<bool> release{false};
+  auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(a->handle()), hold, &release), cudaSuccess);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    release = true;
+  });
+  ASSERT_TRUE(fill(*first, kBytes, 0x77, a->handle()));  // queued behind the held function
+  ASSERT_TRUE(allocator->deallocate(*first, a->handle()));
+  Expected<void*> second = allocator->allocate(kBytes, b->handle());
+  ASSERT_TRUE(second) << second.error().message();
+  ASSERT_TRUE(fill(*second, kBytes, 0x99, b->handle()));
+  ASSERT_TRUE(device_->synchronize(b->handle()));
+  releaser.join();
+  ASSERT_TRUE(device_->synchronize(a->handle()));
   EXPECT_TRUE(filled_with(*second, kBytes, 0x99));
   EXPECT_TRUE(allocator->deallocate(*second, b->handle()));
 }
