@@ -89,57 +89,51 @@ TEST_P(CudaPoolTest, RandomWorkloadKeepsEveryBlocksData) {
   allocator->trim();
 }
 
-TEST_P(CudaPoolTest, BlockFreedOnOneStreamIsReusedSafelyOnAnother) {
-  Expected<CudaStream> a = CudaStream::create(*device_);
-  Expected<CudaStream> b = CudaStream::create(*device_);
+// A block freed on stream a after a memset queued there, asked for at once
+// on stream b: had the pool not waited for a, a's memset could land after
+// b's. With `hold_a`, a host function holds a busy until a thread lets it go
+// 200 ms later, so the pool's query (cudaStreamQuery) surely finds a busy.
+void reuse_across_streams(Allocator& allocator, CudaDevice& device, bool hold_a) {
+  Expected<CudaStream> a = CudaStream::create(device);
+  Expected<CudaStream> b = CudaStream::create(device);
   ASSERT_TRUE(a && b);
-  auto allocator = pool(256 * MiB);
   constexpr std::size_t kBytes = 64 * MiB;
-  Expected<void*> first = allocator->allocate(kBytes, a->handle());
+  Expected<void*> first = allocator.allocate(kBytes, a->handle());
   ASSERT_TRUE(first) << first.error().message();
-  ASSERT_TRUE(fill(*first, kBytes, 0x77, a->handle()));  // queued, maybe still running
-  ASSERT_TRUE(allocator->deallocate(*first, a->handle()));
-  Expected<void*> second = allocator->allocate(kBytes, b->handle());
+  struct Hold {  // let go and joined however the test ends, or stream a would hang
+    std::atomic<bool> release{false};
+    std::thread releaser;
+    ~Hold() {
+      release = true;
+      if (releaser.joinable()) releaser.join();
+    }
+  } hold;
+  if (hold_a) {
+    auto wait = [](void* flag) {
+      while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+    ASSERT_EQ(cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(a->handle()), wait, &hold.release), cudaSuccess);
+    hold.releaser = std::thread([&hold] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      hold.release = true;
+    });
+  }
+  ASSERT_TRUE(fill(*first, kBytes, 0x77, a->handle()));  // queued, maybe (with hold_a: surely) not run yet
+  ASSERT_TRUE(allocator.deallocate(*first, a->handle()));
+  Expected<void*> second = allocator.allocate(kBytes, b->handle());
   ASSERT_TRUE(second) << second.error().message();
   ASSERT_TRUE(fill(*second, kBytes, 0x99, b->handle()));
-  ASSERT_TRUE(device_->synchronize(b->handle()));
-  ASSERT_TRUE(device_->synchronize(a->handle()));
-  // Had the pool not waited for stream a, its memset could land after b's.
+  ASSERT_TRUE(device.synchronize(b->handle()));
+  ASSERT_TRUE(device.synchronize(a->handle()));
   EXPECT_TRUE(filled_with(*second, kBytes, 0x99));
-  EXPECT_TRUE(allocator->deallocate(*second, b->handle()));
+  EXPECT_TRUE(allocator.deallocate(*second, b->handle()));
 }
 
-// The same with stream a surely busy: a host function holds it until a
-// thread lets it go, 200 ms later. The pool asks a (cudaStreamQuery), finds
-// it busy, and must not hand a's memory to b before a's memset has run.
-TEST_P(CudaPoolTest, MemoryOfABusyStreamWaitsForIt) {
-  Expected<CudaStream> a = CudaStream::create(*device_);
-  Expected<CudaStream> b = CudaStream::create(*device_);
-  ASSERT_TRUE(a && b);
-  auto allocator = pool(256 * MiB);
-  constexpr std::size_t kBytes = 64 * MiB;
-  Expected<void*> first = allocator->allocate(kBytes, a->handle());
-  ASSERT_TRUE(first) << first.error().message();
-  std::atomic<bool> release{false};
-  auto hold = [](void* flag) {
-    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
-  ASSERT_EQ(cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(a->handle()), hold, &release), cudaSuccess);
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    release = true;
-  });
-  ASSERT_TRUE(fill(*first, kBytes, 0x77, a->handle()));  // queued behind the held function
-  ASSERT_TRUE(allocator->deallocate(*first, a->handle()));
-  Expected<void*> second = allocator->allocate(kBytes, b->handle());
-  ASSERT_TRUE(second) << second.error().message();
-  ASSERT_TRUE(fill(*second, kBytes, 0x99, b->handle()));
-  ASSERT_TRUE(device_->synchronize(b->handle()));
-  releaser.join();
-  ASSERT_TRUE(device_->synchronize(a->handle()));
-  EXPECT_TRUE(filled_with(*second, kBytes, 0x99));
-  EXPECT_TRUE(allocator->deallocate(*second, b->handle()));
+TEST_P(CudaPoolTest, BlockFreedOnOneStreamIsReusedSafelyOnAnother) {
+  reuse_across_streams(*pool(256 * MiB), *device_, false);
 }
+
+TEST_P(CudaPoolTest, MemoryOfABusyStreamWaitsForIt) { reuse_across_streams(*pool(256 * MiB), *device_, true); }
 
 TEST_P(CudaPoolTest, LimitIsAnOutOfMemoryWithAReport) {
   auto allocator = pool(64 * MiB);
