@@ -347,11 +347,8 @@ class GranuleTable {
 
   /// The bitmap of granules that work on `stream` may still touch.
   GranuleBits& tags_of(Stream stream) {
-    if (stream != last_stream_) {  // mostly the same stream as the free before
-      last_stream_ = stream;
-      last_slot_ = find_slot(stream);
-    }
-    return last_slot_ == kManySlot ? freed_by_many_ : freed_by_[last_slot_];
+    const std::size_t slot = find_slot(stream);
+    return slot == kManySlot ? freed_by_many_ : freed_by_[slot];
   }
   std::size_t find_slot(Stream stream) {
     if (const std::uint64_t slot = slot_of_.at(stream); slot != 0) return slot - 1;
@@ -379,8 +376,6 @@ class GranuleTable {
   GranuleBits freed_by_many_;               // freed by streams past kTaggedStreams
   std::vector<Stream> streams_;
   StreamValues slot_of_;                    // per stream in streams_: its slot + 1
-  Stream last_stream_ = kNoStream;          // tags_of()'s last answer
-  std::size_t last_slot_ = kManySlot;
   std::deque<GranuleId> queue_;
   std::size_t mapped_ = 0;
   std::size_t free_count_ = 0;
