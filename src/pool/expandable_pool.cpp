@@ -300,11 +300,14 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
       if (s.held[i].bytes == rounded && s.held[i].stream == stream) {
         void* ptr = s.held[i].ptr;
         s.held.erase(s.held.begin() + static_cast<std::ptrdiff_t>(i));
+        s.hold_back.hit();
         s.usage.allocated(rounded);
         return ptr;
       }
     }
     s.complete_held();  // so the arena places this block knowing all free space
+  } else if (!small && s.hold_back.sampling()) {
+    s.hold_back.asked(rounded, stream);
   }
 
   Expected<pool::MemoryRange> block = arena.allocate(rounded, stream, s.placement_cost);
@@ -349,22 +352,27 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   }
   if (space->tag != pool::kUntagged) return s.free_tagged(*space, ptr, stream);
   if (!space->small && s.holds_back()) {
-    const std::size_t bytes = s.large.live_size(ptr);
-    if (bytes != 0 && !s.is_held(ptr)) {
-      if (s.held.size() == kHeldBlocks) {
-        s.free_large(s.held.front());
-        s.held.erase(s.held.begin());
+    if (s.hold_back.hold_next()) {
+      const std::size_t bytes = s.large.live_size(ptr);
+      if (bytes != 0 && !s.is_held(ptr)) {
+        if (s.held.size() == kHeldBlocks) {
+          s.free_large(s.held.front());
+          s.held.erase(s.held.begin());
+        }
+        s.held.push_back({ptr, bytes, stream});
+        s.note_free(stream);
+        s.usage.freed(bytes);
+        return {};
       }
-      s.held.push_back({ptr, bytes, stream});
-      s.note_free(stream);
-      s.usage.freed(bytes);
-      return {};
     }
-    s.complete_held();  // a bad pointer or a second free: the arena below says which
+    // A bad pointer or a second free (the arena below says which), or
+    // holding back has stopped: nothing stays held.
+    if (!s.held.empty()) s.complete_held();
   }
   Expected<std::size_t> freed = (space->small ? s.small : s.large).free(ptr, stream);
   if (!freed) return std::move(freed).error();
   s.note_free(stream);
+  if (!space->small && s.hold_back.sampling()) s.hold_back.freed(*freed, stream);
   s.unback(*space, address, *freed, stream);
   s.usage.freed(*freed);
   if (s.free_granule_bytes() > s.options.release_threshold) s.release_free(s.options.release_threshold);

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <condition_variable>
 #include <cstddef>
@@ -58,6 +59,58 @@ inline constexpr std::size_t kSlackShare = 64;
 // Large blocks whose free is held back (see above). Enough for the large
 // blocks of a layer or two freed and asked for again in the same order.
 inline constexpr std::size_t kHeldBlocks = 16;
+
+/// Whether large frees are held back now. A hit (the same size asked for
+/// again on the same stream) saves a whole free and allocation; a miss costs
+/// a lookup and a list entry, about a tenth of that, and blocks held back
+/// change where other blocks go. So the pool holds back while at least 1/8
+/// of the blocks it holds are asked for again, judged every kWindow large
+/// frees. Once it stops, it samples a window every kRetry large frees: it
+/// notes the sizes freed, without holding them, and holds again if enough
+/// of them were asked for again (a sample changes no placement).
+class HoldBack {
+ public:
+  static constexpr std::uint32_t kWindow = 256;
+  static constexpr std::uint32_t kRetry = 16 * kWindow;
+  /// A large block is freed: whether to hold it back.
+  bool hold_next() noexcept {
+    if (++frees_ == (mode_ == Mode::skip ? kRetry : kWindow)) next_window();
+    return mode_ == Mode::hold;
+  }
+  /// A held block was asked for again.
+  void hit() noexcept { ++hits_; }
+  /// While sampling: a large block of `bytes` was freed on `stream`, and one
+  /// of `bytes` is asked for on `stream`.
+  bool sampling() const noexcept { return mode_ == Mode::sample; }
+  void freed(std::size_t bytes, Stream stream) noexcept { recent_[next_++ % recent_.size()] = {bytes, stream}; }
+  void asked(std::size_t bytes, Stream stream) noexcept {
+    for (Freed& block : recent_) {
+      if (block.bytes == bytes && block.stream == stream) {
+        block.bytes = 0;
+        ++hits_;
+        return;
+      }
+    }
+  }
+  bool holding() const noexcept { return mode_ == Mode::hold; }
+
+ private:
+  enum class Mode { hold, skip, sample };
+  void next_window() noexcept {
+    mode_ = mode_ == Mode::skip ? Mode::sample : hits_ * 8 >= frees_ ? Mode::hold : Mode::skip;
+    frees_ = hits_ = 0;
+    recent_ = {};
+  }
+  struct Freed {
+    std::size_t bytes = 0;
+    Stream stream = 0;
+  };
+  Mode mode_ = Mode::hold;
+  std::uint32_t frees_ = 0;  // large frees in this window
+  std::uint32_t hits_ = 0;
+  std::array<Freed, kHeldBlocks> recent_{};  // while sampling: the last large blocks freed
+  std::size_t next_ = 0;
+};
 // A sleep or a wake copies this much at a time, overlapped with the
 // unmapping or mapping of the chunk before (a bare copy's speed, not the
 // sum of both).
@@ -132,6 +185,7 @@ struct ExpandablePool::State {
     Stream stream;
   };
   std::vector<Held> held;
+  expandable::HoldBack hold_back;
   bool holds_back() const noexcept { return options.release_threshold == ExpandableOptions::kKeepAll; }
   pool::UsageCounters usage;
   // Idle release (options.idle_release): allocate and deallocate count their

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "pool/expandable_state.hpp"
 #include "pool/pool_test_support.hpp"
 
 namespace tidepool::test {
@@ -443,11 +444,6 @@ TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {
   }
 }
 
-// A large block freed is held back whole: asked for again at its size on its
-// stream it comes back as it was; to everything else its granules are free.
-// stats() and dump() observe: blocks held back stay held (the ledger's
-// thread reads stats() every 100 ms), and the figures count their granules
-// free as completing the frees would.
 TEST(ExpandablePool, GranulesFreedByMoreStreamsThanHaveTagsWaitForEveryStream) {
   // 70 one-granule blocks, each freed on a stream of its own: the granule
   // table tags the first 64 streams one by one and the rest together, and a
@@ -469,6 +465,11 @@ TEST(ExpandablePool, GranulesFreedByMoreStreamsThanHaveTagsWaitForEveryStream) {
   ASSERT_TRUE(pool->deallocate(big, kOther));
 }
 
+// A large block freed is held back whole: asked for again at its size on its
+// stream it comes back as it was; to everything else its granules are free.
+// stats() and dump() observe: blocks held back stay held (the ledger's
+// thread reads stats() every 100 ms), and the figures count their granules
+// free as completing the frees would.
 TEST(ExpandablePool, StatsAndDumpLeaveHeldBlocksHeld) {
   auto pool = expandable(host_device(64 * MiB));
   // Blocks whose ends share granules: with each other, and with live ones.
@@ -496,6 +497,43 @@ TEST(ExpandablePool, StatsAndDumpLeaveHeldBlocksHeld) {
   EXPECT_EQ(seen.bytes_in_use, completed.bytes_in_use);
   ASSERT_TRUE(pool->deallocate(before));
   ASSERT_TRUE(pool->deallocate(after));
+}
+
+// Holding back pays only where sizes repeat: after a window of large frees
+// that nobody asks for again, blocks are freed at once; sampled later, a
+// program that asks for the sizes it frees gets them held again.
+TEST(ExpandablePool, HoldingBackStopsWhereSizesDoNotRepeatAndResumesWhereTheyDo) {
+  using expandable::HoldBack;
+  auto pool = expandable(host_device(256 * MiB));
+  const auto holds = [&pool] { return pool->dump().find("held back") != std::string::npos; };
+  void* block = must_allocate(*pool, 2 * MiB);
+  ASSERT_TRUE(pool->deallocate(block));
+  EXPECT_TRUE(holds());
+  // A window of frees of sizes never asked for again.
+  for (std::size_t i = 1; i < HoldBack::kWindow; ++i) {
+    ASSERT_TRUE(pool->deallocate(must_allocate(*pool, 2 * MiB + i * 4 * KiB)));
+  }
+  block = must_allocate(*pool, 4 * MiB);
+  ASSERT_TRUE(pool->deallocate(block));
+  EXPECT_FALSE(holds());
+  // The same size again and again: freed at once until the next sample
+  // (which holds nothing either), then held.
+  for (std::size_t i = 1; i < HoldBack::kRetry + HoldBack::kWindow / 2; ++i) {
+    ASSERT_EQ(must_allocate(*pool, 4 * MiB), block);
+    ASSERT_TRUE(pool->deallocate(block));
+    if (i % 512 == 0) {
+      ASSERT_FALSE(holds()) << "free " << i;
+    }
+  }
+  for (std::size_t i = 0; i < HoldBack::kWindow; ++i) {
+    ASSERT_EQ(must_allocate(*pool, 4 * MiB), block);
+    ASSERT_TRUE(pool->deallocate(block));
+  }
+  EXPECT_TRUE(holds());
+  const std::int64_t maps = pool->stats().num_maps;
+  EXPECT_EQ(must_allocate(*pool, 4 * MiB), block);
+  EXPECT_EQ(pool->stats().num_maps, maps);
+  ASSERT_TRUE(pool->deallocate(block));
 }
 
 TEST(ExpandablePool, LargeBlocksHeldBackOnFreeAreFreeToEveryoneElse) {
