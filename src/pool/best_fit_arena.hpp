@@ -93,6 +93,19 @@ class BestFitArena {
   /// The size of the live block at ptr; 0 when ptr is no live block's start.
   std::size_t live_size(const void* ptr) const noexcept;
 
+  /// Calls fn(address, bytes, in_use, waits_on) for every chunk of the
+  /// region starting at `base`, in address order; waits_on is the stream
+  /// whose queued work may still touch a free chunk (not synchronized since
+  /// it freed it), else kNoStream.
+  template <typename Fn>
+  void for_each_chunk(std::uintptr_t base, Fn&& fn) const {
+    const Region* region = region_containing(base);
+    for (ChunkId id = region == nullptr ? kNoChunk : region->first; id != kNoChunk; id = chunks_[id].next) {
+      const Chunk& chunk = chunks_[id];
+      fn(chunk.address, chunk.size, chunk.in_use, !chunk.in_use && waits(chunk) ? chunk.stream : kNoStream);
+    }
+  }
+
   /// The largest block allocate() could hand out now.
   std::size_t largest_free_block() const noexcept { return bins_.largest(chunks_); }
   std::size_t free_bytes() const noexcept { return bins_.free_bytes(); }

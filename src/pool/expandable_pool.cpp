@@ -48,6 +48,27 @@ Expected<PhysicalHandle> ExpandablePool::State::unmap_free(GranuleId id) {
   return granules.take_free(id);
 }
 
+void ExpandablePool::State::sync_granules(const void* except) {
+  if (exact) return;
+  granules.forget();
+  for (const Space& space : spaces) {
+    arena_of(space).for_each_chunk(space.base, [&](std::uintptr_t address, std::size_t bytes, bool in_use,
+                                                    Stream waits_on) {
+      if (address == reinterpret_cast<std::uintptr_t>(except)) return;
+      const GranuleSpan span = granules_of(space, address, bytes);
+      if (in_use) {
+        (void)granules.use_range(span.first, span.last);  // mapped: lazy mode backs nothing
+      } else if (waits_on != kNoStream) {
+        granules.tag_range(span.first, span.last, waits_on);
+      }
+    });
+  }
+  granules.queue_free();
+  ++rebuilds;
+  exact = true;
+  quiet_allocations = 0;
+}
+
 std::size_t ExpandablePool::State::release_free(std::size_t keep) {
   std::size_t released = 0;
   while (free_granule_bytes() > keep) {
@@ -66,7 +87,11 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   // Granules already mapped (free or shared with a neighbour) are reused in
   // place; count the rest before changing anything.
   const std::size_t missing = granules.use_range(first, last);
-  if (missing == 0) return {};
+  if (missing == 0) {
+    note_quiet();
+    return {};
+  }
+  quiet_allocations = 0;
   // Stealing and growing are decided on every free granule: those of held
   // blocks too.
   complete_held();
@@ -168,7 +193,7 @@ void ExpandablePool::State::reap() {
   std::uint64_t seen = calls;
   int quiet = 0;
   while (!stopping) {
-    if (held.empty() && granules.free_count() == 0) {
+    if (exact && held.empty() && granules.free_count() == 0) {
       reaper_parked = true;  // nothing to release: wait for a free
       reaper_wake.wait(lock, [this] { return stopping || !reaper_parked; });
       seen = calls;
@@ -187,6 +212,7 @@ void ExpandablePool::State::reap() {
 }
 
 OomReport ExpandablePool::State::oom_report(std::size_t requested) {
+  sync_granules();
   ++usage.num_ooms;
   OomReport report;
   report.requested_bytes = requested;
@@ -325,6 +351,14 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   }
   const auto base = reinterpret_cast<std::uintptr_t>(block->base);
   const State::Space& space = *s.space_of(base);
+  if (!s.exact) {
+    const State::GranuleSpan span = s.granules_of(space, base, block->bytes);
+    if (s.granules.all_mapped(span.first, span.last)) {
+      s.usage.allocated(block->bytes);
+      return block->base;
+    }
+    s.sync_granules(block->base);
+  }
   if (Status backed = s.back(space, base, block->bytes, bytes); !backed) {
     (void)arena.free(block->base, stream);
     return std::move(backed).error();
@@ -351,6 +385,13 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
                                             "address space)");
   }
   if (space->tag != pool::kUntagged) return s.free_tagged(*space, ptr, stream);
+  if (!s.exact) {
+    Expected<std::size_t> freed = (space->small ? s.small : s.large).free(ptr, stream);
+    if (!freed) return std::move(freed).error();
+    s.note_free(stream);
+    s.usage.freed(*freed);
+    return {};
+  }
   if (!space->small && s.holds_back()) {
     if (s.hold_back.hold_next()) {
       const std::size_t bytes = s.large.live_size(ptr);
@@ -405,8 +446,9 @@ std::size_t ExpandablePool::State::free_granules_with_held() const {
 }
 
 Stats ExpandablePool::stats() const {
-  const State& s = *state_;
+  State& s = *state_;
   std::lock_guard lock(s.mutex);
+  s.sync_granules();
   Stats stats = s.usage.to_stats();
   const std::size_t free_granules = s.free_granules_with_held();
   stats.bytes_limit = static_cast<std::int64_t>(s.bytes_limit);
@@ -434,15 +476,17 @@ std::size_t ExpandablePool::trim() {
 }
 
 std::string ExpandablePool::dump() const {
-  const State& s = *state_;
+  State& s = *state_;
   std::lock_guard lock(s.mutex);
+  s.sync_granules();
   std::string out = "expandable pool on " + s.device->description() + ": limit " + format_bytes(s.bytes_limit) +
                     ", in use " + format_bytes(static_cast<std::size_t>(s.usage.bytes_in_use)) + ", mapped " +
                     format_bytes(s.mapped_bytes()) + " (" + std::to_string(s.granules.mapped()) + " granules of " +
                     format_bytes(s.granule) + ", " + std::to_string(s.granules.free_count()) +
                     " free), maps " + std::to_string(s.maps) + ", unmaps " + std::to_string(s.unmaps) +
                     ", stitches " + std::to_string(s.stitches) + ", releases " +
-                    std::to_string(s.usage.num_device_frees) + "\n";
+                    std::to_string(s.usage.num_device_frees) + "; granule table rebuilt from the arenas " +
+                    std::to_string(s.rebuilds) + " times (lazy mode)\n";
   for (const State::Space& space : s.spaces) {
     out += "  address space [" + format_address(space.base) + ", " + format_address(space.base + space.bytes) +
            ") for " +

@@ -260,7 +260,10 @@ Status ExpandablePool::tag_begin(std::string_view name) {
   {
     std::lock_guard lock(s.mutex);
     id = s.tags.find(name);
-    if (id == pool::kUntagged) id = s.tags.add(name, *s.device, arena_options());
+    if (id == pool::kUntagged) {
+      s.sync_granules();  // a tag's bookkeeping needs the granule table: no lazy mode from now on
+      id = s.tags.add(name, *s.device, arena_options());
+    }
   }
   pool::ThreadTags::push(this, id);
   return {};

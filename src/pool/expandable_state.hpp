@@ -111,6 +111,9 @@ class HoldBack {
   std::array<Freed, kHeldBlocks> recent_{};  // while sampling: the last large blocks freed
   std::size_t next_ = 0;
 };
+// Allocations in a row served from mapped memory before the granule table
+// stops following blocks (ExpandablePool::State::exact).
+inline constexpr std::uint32_t kQuietAllocations = 1024;
 // A sleep or a wake copies this much at a time, overlapped with the
 // unmapping or mapping of the chunk before (a bare copy's speed, not the
 // sum of both).
@@ -206,6 +209,28 @@ struct ExpandablePool::State {
     reaper_wake.notify_one();
     reaper.join();
   }
+  // Lazy mode. Once the pool has served kQuietAllocations in a row from
+  // mapped memory, the granule table stops following blocks: a free touches
+  // only the arena, an allocation only checks that its granules are mapped.
+  // Whatever needs to know which granules are free (a block that needs
+  // memory, a release, stats) first rebuilds the table from the arenas'
+  // chunks (sync_granules), and the pool follows blocks again until it is
+  // quiet again. Only while nothing is released after each free and no
+  // sleep tag exists (their bookkeeping needs the table).
+  bool exact = true;         // the granule table follows every block
+  std::uint32_t quiet_allocations = 0;  // in a row, that mapped nothing
+  std::int64_t rebuilds = 0;             // sync_granules() calls that rebuilt the table
+  bool may_be_lazy() const noexcept { return holds_back() && tags.size() == 0; }
+  /// An allocation found every granule mapped.
+  void note_quiet() noexcept {
+    if (++quiet_allocations < expandable::kQuietAllocations || !may_be_lazy()) return;
+    complete_held();
+    exact = false;
+  }
+  /// Makes the granule table follow every block again: every mapped
+  /// granule's uses, free bit and stream tags from the arenas' chunks (the
+  /// block at `except`, carved but not backed yet, left out).
+  void sync_granules(const void* except = nullptr);
   std::int64_t maps = 0, unmaps = 0, stitches = 0;  // releases: usage.num_device_frees
   std::int64_t moved = 0;  // granules stolen: at most the granules created (usage.num_device_allocs) below the limit
 
@@ -278,6 +303,7 @@ struct ExpandablePool::State {
   std::size_t release_free(std::size_t keep);
   /// trim() and idle release: every free granule goes, held blocks' too.
   std::size_t release_all() {
+    sync_granules();
     complete_held();
     return release_free(0);
   }

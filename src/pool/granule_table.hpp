@@ -19,6 +19,7 @@
 // Not thread-safe: the owning pool serializes every call.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -136,6 +137,11 @@ class GranuleBits {
     }
     return kNoBit;
   }
+  void clear_all() noexcept {
+    std::fill(words_.begin(), words_.end(), 0);
+    std::fill(summary_.begin(), summary_.end(), 0);
+  }
+  std::size_t words() const noexcept { return words_.size(); }
   std::size_t highest() const noexcept {
     for (std::size_t s = summary_.size(); s-- > 0;) {
       if (summary_[s] == 0) continue;
@@ -276,6 +282,33 @@ class GranuleTable {
       unqueued = unqueued || (freed & ~queued_.word(w)) != 0;
     }
     if (unqueued) enqueue_free(first, last);  // rare once warm: the lazy queue holds them still
+  }
+
+  // Rebuilding the uses from the live blocks (ExpandablePool's lazy mode,
+  // where frees and cached allocations leave the table alone): forget()
+  // makes every mapped granule free, with no use, tag or queue entry; then
+  // use_range() for each live block, tag_range() for each free range whose
+  // stream may still run, and queue_free().
+  void forget() noexcept {
+    std::fill(uses_.begin(), uses_.end(), 0);
+    for (std::size_t w = 0; w < mapped_bits_.words(); ++w) {
+      free_bits_.clear_bits(w, ~std::uint64_t{0});
+      if (const std::uint64_t mapped = mapped_bits_.word(w); mapped != 0) free_bits_.set_bits(w, mapped);
+    }
+    free_count_ = mapped_;
+    for (GranuleBits& bits : freed_by_) bits.clear_all();
+    freed_by_many_.clear_all();
+    queued_.clear_all();
+    queue_.clear();
+  }
+  /// Work on `stream` may still touch [first, last].
+  void tag_range(GranuleId first, GranuleId last, Stream stream) {
+    GranuleBits& tags = tags_of(stream);
+    for (std::size_t w = first / 64; w <= last / 64; ++w) tags.set_bits(w, GranuleBits::mask(w, first, last));
+  }
+  /// Queues every free granule, in address order.
+  void queue_free() {
+    if (free_count_ != 0) enqueue_free(0, static_cast<GranuleId>(size() - 1));
   }
 
   /// The free granule that has waited longest, or kNoGranule when none is free.

@@ -415,32 +415,42 @@ TEST(ExpandablePool, DestroyingThePoolWaitsForTheStreamsBlocksWereFreedOn) {
 // Streams that freed a stolen granule are waited for: synchronized while
 // the device finds them busy, only asked (a query) when it finds them idle.
 TEST(ExpandablePool, StealingAGranuleWaitsForTheStreamsThatFreedIt) {
-  for (const bool idle : {false, true}) {
-    SCOPED_TRACE(idle ? "streams idle" : "streams busy");
-    auto counting = std::make_shared<SyncCountingDevice>(host_device(64 * MiB));
-    counting->set_idle(idle);
-    auto pool = expandable(counting);
-    constexpr Stream kOne = 1, kTwo = 2, kThree = 3;
-    // a and b, each 8 granules, kept apart by live one-granule blocks.
-    void* a = must_allocate(*pool, 16 * MiB, kOne);
-    void* keep_1 = must_allocate(*pool, 2 * MiB);
-    void* b = must_allocate(*pool, 16 * MiB, kTwo);
-    void* keep_2 = must_allocate(*pool, 2 * MiB);
-    ASSERT_TRUE(pool->deallocate(a, kOne));
-    ASSERT_TRUE(pool->deallocate(b, kTwo));
-    EXPECT_EQ(counting->total_calls(), 0);  // freeing never waits
-    EXPECT_EQ(counting->queries(), 0);
-    // 60 MiB on a third stream: fresh address space, backed by all 16 free
-    // granules (stolen from a and b) and 14 new ones. Work queued on streams
-    // 1 and 2 may still touch the stolen ones: both are waited for.
-    void* d = must_allocate(*pool, 60 * MiB, kThree);
-    EXPECT_GE(counting->queries(), 2);
-    EXPECT_EQ(counting->calls(kOne) >= 1, !idle);
-    EXPECT_EQ(counting->calls(kTwo) >= 1, !idle);
-    EXPECT_EQ(counting->calls(kThree), 0);
-    EXPECT_EQ(pool->stats().num_stitches, 1);
-    EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(64 * MiB));
-    for (void* block : {d, keep_1, keep_2}) ASSERT_TRUE(pool->deallocate(block, kThree));
+  for (const bool lazy : {false, true}) {
+    for (const bool idle : {false, true}) {
+      SCOPED_TRACE(std::string(idle ? "streams idle" : "streams busy") + (lazy ? ", freed in lazy mode" : ""));
+      auto counting = std::make_shared<SyncCountingDevice>(host_device(66 * MiB));
+      counting->set_idle(idle);
+      auto pool = expandable(counting);
+      constexpr Stream kOne = 1, kTwo = 2, kThree = 3;
+      // a and b, each 8 granules, kept apart by live one-granule blocks.
+      void* a = must_allocate(*pool, 16 * MiB, kOne);
+      void* keep_1 = must_allocate(*pool, 2 * MiB);
+      void* b = must_allocate(*pool, 16 * MiB, kTwo);
+      void* keep_2 = must_allocate(*pool, 2 * MiB);
+      // Lazy: enough allocations served from mapped memory (a granule kept
+      // by `pin`) that frees leave the granule table alone.
+      void* pin = must_allocate(*pool, 64 * KiB, kThree);
+      for (std::uint32_t i = 0; lazy && i <= expandable::kQuietAllocations; ++i) {
+        ASSERT_TRUE(pool->deallocate(must_allocate(*pool, 64 * KiB, kThree), kThree));
+      }
+      ASSERT_TRUE(pool->deallocate(a, kOne));
+      ASSERT_TRUE(pool->deallocate(b, kTwo));
+      EXPECT_EQ(counting->total_calls(), 0);  // freeing never waits
+      EXPECT_EQ(counting->queries(), 0);
+      // 60 MiB on a third stream: fresh address space, backed by all 16 free
+      // granules (stolen from a and b) and 14 new ones. Work queued on
+      // streams 1 and 2 may still touch the stolen ones: both are waited for.
+      void* d = must_allocate(*pool, 60 * MiB, kThree);
+      EXPECT_GE(counting->queries(), 2);
+      EXPECT_EQ(counting->calls(kOne) >= 1, !idle);
+      EXPECT_EQ(counting->calls(kTwo) >= 1, !idle);
+      EXPECT_EQ(counting->calls(kThree), 0);
+      EXPECT_EQ(pool->stats().num_stitches, 1);
+      EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(66 * MiB));
+      EXPECT_NE(pool->dump().find(lazy ? "rebuilt from the arenas 1 times" : "rebuilt from the arenas 0 times"),
+                std::string::npos);
+      for (void* block : {d, keep_1, keep_2, pin}) ASSERT_TRUE(pool->deallocate(block, kThree));
+    }
   }
 }
 
@@ -463,6 +473,76 @@ TEST(ExpandablePool, GranulesFreedByMoreStreamsThanHaveTagsWaitForEveryStream) {
   for (Stream stream = 1; stream <= kStreams; ++stream) EXPECT_GE(counting->calls(stream), 1) << "stream " << stream;
   EXPECT_EQ(counting->calls(kOther), 0);
   ASSERT_TRUE(pool->deallocate(big, kOther));
+}
+
+// Once quiet, the granule table stops following blocks (lazy mode) and is
+// rebuilt from the arenas when needed: a block that needs memory, stats(),
+// trim(). Checked against the live blocks themselves: the free granules
+// stats() reports are the mapped ones that no live block overlaps, and every
+// block keeps its data through the steals that follow rebuilds.
+TEST(ExpandablePool, TheGranuleTableRebuiltFromTheArenasMatchesTheLiveBlocks) {
+  constexpr std::size_t kGranule = 2 * MiB;
+  auto pool = expandable(host_device(384 * MiB));
+  struct Live {
+    void* ptr;
+    std::size_t bytes;
+    std::uint64_t seed;
+    Stream stream;
+  };
+  std::vector<Live> live;
+  std::size_t live_bytes = 0;
+  std::mt19937_64 rng(12);
+  std::uint64_t seed = 1;
+  const auto check_free_granules = [&] {
+    std::vector<std::uintptr_t> covered;
+    for (const Live& block : live) {
+      const auto base = reinterpret_cast<std::uintptr_t>(block.ptr);
+      for (std::uintptr_t g = base / kGranule; g <= (base + block.bytes - 1) / kGranule; ++g) covered.push_back(g);
+    }
+    std::sort(covered.begin(), covered.end());
+    covered.erase(std::unique(covered.begin(), covered.end()), covered.end());
+    const Stats stats = pool->stats();
+    EXPECT_EQ(static_cast<std::size_t>(stats.granules_free),
+              static_cast<std::size_t>(stats.bytes_mapped) / kGranule - covered.size());
+  };
+  const auto free_one = [&](std::size_t index) {
+    const Live block = live[index];
+    ASSERT_TRUE(intact(block.ptr, block.bytes, block.seed, 512)) << "block " << block.ptr;
+    ASSERT_TRUE(pool->deallocate(block.ptr, block.stream));
+    live_bytes -= block.bytes;
+    live[index] = live.back();
+    live.pop_back();
+  };
+  // Phases of repeated steps (quiet: the pool turns lazy) and of new sizes
+  // (blocks that need memory: rebuilt, steals).
+  for (int phase = 0; phase < 6; ++phase) {
+    const bool repeat = phase % 2 == 1;
+    std::vector<std::size_t> step;
+    for (int i = 0; i < 40; ++i) {
+      const bool large = rng() % 3 == 0;
+      step.push_back((large ? MiB + rng() % (12 * MiB) : 256 + rng() % (256 * KiB)) / 256 * 256);
+    }
+    for (int round = 0; round < 400; ++round) {
+      for (std::size_t i = 0; i < step.size(); ++i) {
+        const std::size_t bytes = repeat ? step[i] : step[(i + rng()) % step.size()] + (rng() % 64) * 256;
+        while (live_bytes + bytes > 200 * MiB) free_one(rng() % live.size());
+        const auto stream = static_cast<Stream>(1 + rng() % 3);
+        void* ptr = must_allocate(*pool, bytes, stream);
+        fill(ptr, bytes, seed, 512);
+        live.push_back({ptr, bytes, seed++, stream});
+        live_bytes += bytes;
+        if (repeat && live.size() > 30) free_one(0);
+      }
+      if (round % 100 == 99) check_free_granules();
+    }
+  }
+  const std::string dump = pool->dump();
+  const std::size_t at = dump.find("rebuilt from the arenas ");
+  ASSERT_NE(at, std::string::npos) << dump;
+  EXPECT_GT(std::stoll(dump.substr(at + 24)), 3) << dump.substr(0, 400);
+  EXPECT_GT(pool->stats().num_stitches, 0);
+  while (!live.empty()) free_one(live.size() - 1);
+  check_free_granules();
 }
 
 // A large block freed is held back whole: asked for again at its size on its
@@ -502,38 +582,46 @@ TEST(ExpandablePool, StatsAndDumpLeaveHeldBlocksHeld) {
 // Holding back pays only where sizes repeat: after a window of large frees
 // that nobody asks for again, blocks are freed at once; sampled later, a
 // program that asks for the sizes it frees gets them held again.
-TEST(ExpandablePool, HoldingBackStopsWhereSizesDoNotRepeatAndResumesWhereTheyDo) {
+TEST(HoldBack, StopsWhereSizesDoNotRepeatAndResumesWhereTheyDo) {
   using expandable::HoldBack;
-  auto pool = expandable(host_device(256 * MiB));
-  const auto holds = [&pool] { return pool->dump().find("held back") != std::string::npos; };
-  void* block = must_allocate(*pool, 2 * MiB);
-  ASSERT_TRUE(pool->deallocate(block));
-  EXPECT_TRUE(holds());
-  // A window of frees of sizes never asked for again.
-  for (std::size_t i = 1; i < HoldBack::kWindow; ++i) {
-    ASSERT_TRUE(pool->deallocate(must_allocate(*pool, 2 * MiB + i * 4 * KiB)));
-  }
-  block = must_allocate(*pool, 4 * MiB);
-  ASSERT_TRUE(pool->deallocate(block));
-  EXPECT_FALSE(holds());
-  // The same size again and again: freed at once until the next sample
-  // (which holds nothing either), then held.
-  for (std::size_t i = 1; i < HoldBack::kRetry + HoldBack::kWindow / 2; ++i) {
-    ASSERT_EQ(must_allocate(*pool, 4 * MiB), block);
-    ASSERT_TRUE(pool->deallocate(block));
-    if (i % 512 == 0) {
-      ASSERT_FALSE(holds()) << "free " << i;
+  HoldBack hold;
+  constexpr Stream kStream = 3;
+  // A window of frees that nobody asks for again (its last free is the
+  // first judged).
+  for (std::uint32_t i = 1; i < HoldBack::kWindow; ++i) ASSERT_TRUE(hold.hold_next()) << i;
+  EXPECT_FALSE(hold.hold_next());
+  // Skipped until the next sample, which holds nothing either.
+  for (std::uint32_t i = 1; i < HoldBack::kRetry; ++i) ASSERT_FALSE(hold.hold_next()) << i;
+  EXPECT_FALSE(hold.sampling());
+  EXPECT_FALSE(hold.hold_next());
+  EXPECT_TRUE(hold.sampling());
+  // A sample is judged as holding would be: a hit is a size freed on a
+  // stream and asked for again on it, once. 31 hits in 256: skipped again.
+  const auto sample = [&hold](std::uint32_t hits) {
+    for (std::uint32_t i = 1; i < HoldBack::kWindow; ++i) {
+      if (hold.hold_next()) return false;
+      hold.freed(i * MiB, kStream);
+      hold.asked(i * MiB, kStream + 1);
+      hold.asked(i * MiB + 256, kStream);
+      for (int twice = 0; twice < 2 && i <= hits; ++twice) hold.asked(i * MiB, kStream);
     }
+    return true;
+  };
+  ASSERT_TRUE(sample(HoldBack::kWindow / 8 - 1));
+  EXPECT_FALSE(hold.hold_next());
+  EXPECT_FALSE(hold.sampling());
+  for (std::uint32_t i = 1; i < HoldBack::kRetry; ++i) ASSERT_FALSE(hold.hold_next()) << i;
+  EXPECT_FALSE(hold.hold_next());
+  EXPECT_TRUE(hold.sampling());
+  ASSERT_TRUE(sample(HoldBack::kWindow / 8));
+  EXPECT_TRUE(hold.hold_next());  // 1/8 of the sample was asked for again
+  EXPECT_FALSE(hold.sampling());
+  // Holding, with fewer hits than 1/8: skipped again.
+  for (std::uint32_t i = 1; i < HoldBack::kWindow; ++i) {
+    ASSERT_TRUE(hold.hold_next()) << i;
+    if (i % 9 == 0) hold.hit();
   }
-  for (std::size_t i = 0; i < HoldBack::kWindow; ++i) {
-    ASSERT_EQ(must_allocate(*pool, 4 * MiB), block);
-    ASSERT_TRUE(pool->deallocate(block));
-  }
-  EXPECT_TRUE(holds());
-  const std::int64_t maps = pool->stats().num_maps;
-  EXPECT_EQ(must_allocate(*pool, 4 * MiB), block);
-  EXPECT_EQ(pool->stats().num_maps, maps);
-  ASSERT_TRUE(pool->deallocate(block));
+  EXPECT_FALSE(hold.hold_next());
 }
 
 TEST(ExpandablePool, LargeBlocksHeldBackOnFreeAreFreeToEveryoneElse) {
