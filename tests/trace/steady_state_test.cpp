@@ -37,7 +37,7 @@ std::vector<Case> cases() {
   workload("random-mixed", 100, 0, 0);
   workload("train-step", 2, 0, 2);
   workload("llm-inference", 8, 0, 2);
-  for (const auto& [file, quiet] : {std::pair{"cs336-magma27.pickle", 2}, std::pair{"cs336-bcrafton.pickle", 0}}) {
+  for (const auto& [file, quiet] : {std::pair{"cs336-magma27.pickle", 2}, std::pair{"cs336-bcrafton.pickle", 3}}) {
     auto trace = read_trace(std::string(TIDEPOOL_TEST_DATA) + "/pytorch/" + file);
     if (!trace) throw Exception(trace.error());
     out.push_back({file, std::move(*trace), 0, static_cast<std::size_t>(quiet)});
