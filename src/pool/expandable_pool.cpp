@@ -332,7 +332,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
       }
     }
     s.complete_held();  // so the arena places this block knowing all free space
-  } else if (!small && s.hold_back.sampling()) {
+  } else if (!small && s.exact && s.hold_back.sampling()) {  // lazy frees note nothing
     s.hold_back.asked(rounded, stream);
   }
 

@@ -92,7 +92,6 @@ class HoldBack {
       }
     }
   }
-  bool holding() const noexcept { return mode_ == Mode::hold; }
 
  private:
   enum class Mode { hold, skip, sample };
