@@ -385,14 +385,7 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
                                             "address space)");
   }
   if (space->tag != pool::kUntagged) return s.free_tagged(*space, ptr, stream);
-  if (!s.exact) {
-    Expected<std::size_t> freed = (space->small ? s.small : s.large).free(ptr, stream);
-    if (!freed) return std::move(freed).error();
-    s.note_free(stream);
-    s.usage.freed(*freed);
-    return {};
-  }
-  if (!space->small && s.holds_back()) {
+  if (s.exact && !space->small && s.holds_back()) {
     if (s.hold_back.hold_next()) {
       const std::size_t bytes = s.large.live_size(ptr);
       if (bytes != 0 && !s.is_held(ptr)) {
@@ -413,9 +406,10 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   Expected<std::size_t> freed = (space->small ? s.small : s.large).free(ptr, stream);
   if (!freed) return std::move(freed).error();
   s.note_free(stream);
+  s.usage.freed(*freed);
+  if (!s.exact) return {};  // lazy: the granule table is rebuilt when needed
   if (!space->small && s.hold_back.sampling()) s.hold_back.freed(*freed, stream);
   s.unback(*space, address, *freed, stream);
-  s.usage.freed(*freed);
   if (s.free_granule_bytes() > s.options.release_threshold) s.release_free(s.options.release_threshold);
   return {};
 }
