@@ -227,14 +227,19 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream) {
   return take(*id, bytes, stream);
 }
 
-Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, const PlacementCost& cost) {
+Expected<PlacedBlock> BestFitArena::allocate(std::size_t bytes, Stream stream, const PlacementCost& cost) {
   ++allocations_;
   Expected<ChunkId> fit = find_fitting(bytes);
   if (!fit) return std::move(fit).error();
-  if (*fit == kNoChunk) return MemoryRange{};
+  if (*fit == kNoChunk) return PlacedBlock{};
+  auto placed = [&](ChunkId id, std::size_t offset, bool costs_nothing) -> Expected<PlacedBlock> {
+    Expected<MemoryRange> block = take(id, bytes, stream, offset);
+    if (!block) return std::move(block).error();
+    return PlacedBlock{block->base, block->bytes, costs_nothing};
+  };
   // Usually the best fit's front is mapped and waits for no stream.
   if (const Chunk& chunk = chunks_[*fit]; !must_wait(chunk, stream) && cost.costs_nothing(chunk.address, bytes)) {
-    return take(*fit, bytes, stream);
+    return placed(*fit, 0, true);
   }
   struct Placement {
     ChunkId id;
@@ -278,7 +283,7 @@ Expected<MemoryRange> BestFitArena::allocate(std::size_t bytes, Stream stream, c
       return best.score != 0 && ++looked < kPlacementCandidates;
     });
   }
-  return take(best.id, bytes, stream, best.offset);
+  return placed(best.id, best.offset, best.score <= 1);  // a score is twice the cost, plus 1 for a sync
 }
 
 Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {

@@ -34,6 +34,15 @@ struct MemoryRange {
   std::size_t bytes = 0;
 };
 
+/// A block placed by BestFitArena::allocate with a PlacementCost.
+struct PlacedBlock {
+  void* base = nullptr;  // null: no free chunk is large enough
+  std::size_t bytes = 0;
+  /// The owner's cost() is 0 there: asked during this allocation, so its
+  /// owner need not ask again.
+  bool costs_nothing = false;
+};
+
 /// What placing a block costs the arena's owner beyond the arena's own work
 /// (ExpandablePool: the granules it would have to map there).
 class PlacementCost {
@@ -81,7 +90,7 @@ class BestFitArena {
   /// costs nothing, of up to kPlacementCandidates other fitting chunks in
   /// best-fit order, and for each the owner's free window inside it when
   /// both ends cost; ties go to the better fit.
-  Expected<MemoryRange> allocate(std::size_t bytes, Stream stream, const PlacementCost& cost);
+  Expected<PlacedBlock> allocate(std::size_t bytes, Stream stream, const PlacementCost& cost);
 
   /// ptr was returned by allocate() and not freed since; `stream` is the
   /// stream whose queued work may still use it. Returns the chunk's size.

@@ -184,6 +184,19 @@ void ExpandablePool::State::free_large(const Held& block) noexcept {
   unback(*space_of(base), base, block.bytes, block.stream);
 }
 
+void ExpandablePool::State::note_stream(Stream stream) {
+  if (freed_on.at(stream) == 0) {
+    freeing_streams.push_back(stream);
+    freed_on.set(stream, 1);
+  }
+  last_freed_on = stream;
+}
+
+void ExpandablePool::State::wake_reaper() {
+  reaper_parked = false;
+  reaper_wake.notify_one();
+}
+
 void ExpandablePool::State::reap() {
   // Idle means no call through four checks a quarter of the idle time apart:
   // released between 1 and 1.25 idle times after the last call.
@@ -303,6 +316,20 @@ std::string_view ExpandablePool::name() const { return "expandable"; }
 
 Device& ExpandablePool::device() const { return *state_->device; }
 
+Expected<pool::PlacedBlock> ExpandablePool::State::place_in_more_space(pool::BestFitArena& arena, std::size_t rounded,
+                                                                       Stream stream, bool for_small,
+                                                                       pool::TagId tag) {
+  // The arena's address space is used up or split: reserve more.
+  const std::size_t more = std::max(round_up(rounded, granule), bytes_limit);
+  if (Status grown = add_space(more, for_small, tag); !grown) return std::move(grown).error();
+  Expected<pool::PlacedBlock> block = arena.allocate(rounded, stream, placement_cost);
+  if (block && block->base == nullptr) {
+    return Error(Errc::invalid_argument, "expandable pool: no " + format_bytes(rounded) +
+                                             " range in fresh address space of " + format_bytes(more));
+  }
+  return block;
+}
+
 Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return static_cast<void*>(nullptr);
   State& s = *state_;
@@ -336,29 +363,21 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     s.hold_back.asked(rounded, stream);
   }
 
-  Expected<pool::MemoryRange> block = arena.allocate(rounded, stream, s.placement_cost);
+  Expected<pool::PlacedBlock> block = arena.allocate(rounded, stream, s.placement_cost);
   if (!block) return std::move(block).error();
   if (block->base == nullptr) {
-    // This part of the address space is used up or split: reserve more.
-    const std::size_t more = std::max(round_up(rounded, s.granule), s.bytes_limit);
-    if (Status grown = s.add_space(more, small, tag_id); !grown) return std::move(grown).error();
-    block = arena.allocate(rounded, stream, s.placement_cost);
+    block = s.place_in_more_space(arena, rounded, stream, small, tag_id);
     if (!block) return std::move(block).error();
-    if (block->base == nullptr) {
-      return Error(Errc::invalid_argument, "expandable pool: no " + format_bytes(rounded) +
-                                               " range in fresh address space of " + format_bytes(more));
-    }
   }
-  const auto base = reinterpret_cast<std::uintptr_t>(block->base);
-  const State::Space& space = *s.space_of(base);
   if (!s.exact) {
-    const State::GranuleSpan span = s.granules_of(space, base, block->bytes);
-    if (s.granules.all_mapped(span.first, span.last)) {
+    if (block->costs_nothing) {  // lazy and already mapped: nothing to follow
       s.usage.allocated(block->bytes);
       return block->base;
     }
     s.sync_granules(block->base);
   }
+  const auto base = reinterpret_cast<std::uintptr_t>(block->base);
+  const State::Space& space = *s.space_of(base);
   if (Status backed = s.back(space, base, block->bytes, bytes); !backed) {
     (void)arena.free(block->base, stream);
     return std::move(backed).error();

@@ -166,18 +166,15 @@ struct ExpandablePool::State {
   pool::GranuleTable granules;
   std::vector<Stream> freeing_streams;  // every stream a block was freed on
   pool::StreamValues freed_on;          // 1 for each stream in freeing_streams
+  Stream last_freed_on = kNoStream;     // in freeing_streams, unless it is empty
   /// A block was freed on `stream`: remembered for settling, and the reaper
   /// woken if it waits for something to release.
   void note_free(Stream stream) {
-    if (freed_on.at(stream) == 0) {
-      freeing_streams.push_back(stream);
-      freed_on.set(stream, 1);
-    }
-    if (reaper_parked) {
-      reaper_parked = false;
-      reaper_wake.notify_one();
-    }
+    if (stream != last_freed_on || freeing_streams.empty()) note_stream(stream);  // most repeat the last
+    if (reaper_parked) wake_reaper();
   }
+  void note_stream(Stream stream);
+  void wake_reaper();
   /// Large blocks freed but held back, oldest first: still allocated in the
   /// arena, their granules still used. Only while nothing is released after
   /// each free (release_threshold kKeepAll), so holding back delays nothing.
@@ -240,6 +237,10 @@ struct ExpandablePool::State {
 
   /// Reserves `bytes` of address space for one arena.
   Status add_space(std::size_t bytes, bool for_small, pool::TagId tag = pool::kUntagged);
+  /// A block of `rounded` bytes placed in address space reserved for it
+  /// (`arena` had no free chunk large enough).
+  [[gnu::noinline]] Expected<pool::PlacedBlock> place_in_more_space(pool::BestFitArena& arena, std::size_t rounded,
+                                                                    Stream stream, bool for_small, pool::TagId tag);
   const Space* space_of(std::uintptr_t address) const noexcept {
     for (const Space& space : spaces) {
       if (address - space.base < space.bytes) return &space;

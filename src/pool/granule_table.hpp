@@ -87,11 +87,17 @@ class GranuleBits {
   }
   /// Whether every bit of [first, last] is set.
   bool all(std::size_t first, std::size_t last) const noexcept {
-    for (std::size_t w = first / 64; w <= last / 64; ++w) {
-      const std::uint64_t in_range = mask(w, first, last);
-      if ((words_[w] & in_range) != in_range) return false;
+    // Asked for every block placed: the first word's bits from `first` up,
+    // the words between whole, the last word's bits up to `last`.
+    const std::size_t first_word = first / 64, last_word = last / 64;
+    const std::uint64_t from_first = ~std::uint64_t{0} << (first % 64);
+    const std::uint64_t to_last = ~std::uint64_t{0} >> (63 - last % 64);
+    if (first_word == last_word) return (words_[first_word] | ~(from_first & to_last)) == ~std::uint64_t{0};
+    if ((words_[first_word] | ~from_first) != ~std::uint64_t{0}) return false;
+    for (std::size_t w = first_word + 1; w < last_word; ++w) {
+      if (words_[w] != ~std::uint64_t{0}) return false;
     }
-    return true;
+    return (words_[last_word] | ~to_last) == ~std::uint64_t{0};
   }
   // A word at a time (GranuleTable changes several bitmaps per word of a
   // block's granules): word `w`, and setting or clearing `bits` of it.

@@ -26,6 +26,7 @@ using pool::GranuleBits;
 using pool::GranuleId;
 using pool::GranuleTable;
 using pool::MemoryRange;
+using pool::PlacedBlock;
 using pool::PlacementCost;
 using pool::SizeBins;
 using pool::StreamValues;
@@ -121,6 +122,34 @@ TEST(GranuleBits, FindRunAgreesWithABitByBitSearch) {
       }
       ASSERT_EQ(bits.find_run(first, last, n), expected) << "size " << size << " [" << first << ", " << last
                                                           << "] n " << n;
+    }
+  }
+}
+
+TEST(GranuleBits, AllAndCountAgreeWithABitByBitCheck) {
+  // Ranges within one word, across two, and across several; bitmaps from
+  // nearly empty to nearly full, so that some ranges are all set.
+  std::mt19937_64 random(13);
+  for (int round = 0; round < 200; ++round) {
+    const std::size_t size = 1 + random() % 600;
+    const unsigned unset_in = 2 + static_cast<unsigned>(random() % 400);  // 1 bit in unset_in is clear
+    GranuleBits bits;
+    bits.resize(size);
+    std::vector<bool> model(size);
+    for (std::size_t i = 0; i < size; ++i) {
+      if (random() % unset_in != 0) {
+        bits.set(i);
+        model[i] = true;
+      }
+    }
+    for (int query = 0; query < 40; ++query) {
+      const std::size_t first = random() % size;
+      const std::size_t last = first + random() % std::min<std::size_t>(size - first, query % 2 ? 200 : 64);
+      std::size_t set = 0;
+      for (std::size_t i = first; i <= last; ++i) set += model[i] ? 1 : 0;
+      ASSERT_EQ(bits.all(first, last), set == last - first + 1) << "size " << size << " [" << first << ", " << last
+                                                                  << "]";
+      ASSERT_EQ(bits.count(first, last), set);
     }
   }
 }
@@ -404,18 +433,27 @@ TEST_F(BestFitArenaTest, PlacementGoesWhereItCostsLeast) {
   CostlyBelow costly;
   costly.cheap_from = reinterpret_cast<std::uintptr_t>(base) + 512 * KiB;
   // One free chunk: the block goes to its end, where it costs nothing.
-  Expected<MemoryRange> block = arena.allocate(64 * KiB, 0, costly);
+  Expected<PlacedBlock> block = arena.allocate(64 * KiB, 0, costly);
   ASSERT_TRUE(block);
   EXPECT_EQ(block->base, base + 1 * MiB - 64 * KiB);
+  EXPECT_TRUE(block->costs_nothing);  // so the owner need not ask again
   // Without a cost, best fit at the start as ever.
   Expected<MemoryRange> plain = arena.allocate(64 * KiB, 0);
   ASSERT_TRUE(plain);
   EXPECT_EQ(plain->base, base);
   // Both costly everywhere: the best fit, at its start.
   costly.cheap_from = ~std::uintptr_t{0};
-  Expected<MemoryRange> anywhere = arena.allocate(64 * KiB, 0, costly);
+  Expected<PlacedBlock> anywhere = arena.allocate(64 * KiB, 0, costly);
   ASSERT_TRUE(anywhere);
   EXPECT_EQ(anywhere->base, base + 64 * KiB);
+  EXPECT_FALSE(anywhere->costs_nothing);
+  // Cheap everywhere: the best fit's front at once.
+  costly.cheap_from = 0;
+  Expected<PlacedBlock> cheap = arena.allocate(64 * KiB, 0, costly);
+  ASSERT_TRUE(cheap);
+  EXPECT_EQ(cheap->base, base + 128 * KiB);
+  EXPECT_TRUE(cheap->costs_nothing);
+  EXPECT_TRUE(arena.free(cheap->base, 0));
   EXPECT_TRUE(arena.free(block->base, 0));
   EXPECT_TRUE(arena.free(plain->base, 0));
   EXPECT_TRUE(arena.free(anywhere->base, 0));
@@ -438,10 +476,11 @@ TEST_F(BestFitArenaTest, AFreeWindowInsideAChunkServesTheBlockAndLeavesBothSides
   ASSERT_TRUE(arena.add_region(base, 1 * MiB));
   CheapWindow cheap;
   cheap.window = reinterpret_cast<std::uintptr_t>(base) + 320 * KiB;
-  Expected<MemoryRange> block = arena.allocate(96 * KiB, 0, cheap);
+  Expected<PlacedBlock> block = arena.allocate(96 * KiB, 0, cheap);
   ASSERT_TRUE(block);
   EXPECT_EQ(block->base, base + 320 * KiB);
   EXPECT_EQ(block->bytes, 96 * KiB);
+  EXPECT_TRUE(block->costs_nothing);
   EXPECT_EQ(arena.free_bytes(), 1 * MiB - 96 * KiB);
   // The pieces below and above are free chunks of their own: best fit takes
   // the one below (320 KiB) for a block that fits it, from its start.
