@@ -241,6 +241,32 @@ Expected<PlacedBlock> BestFitArena::allocate(std::size_t bytes, Stream stream, c
   if (const Chunk& chunk = chunks_[*fit]; !must_wait(chunk, stream) && cost.costs_nothing(chunk.address, bytes)) {
     return placed(*fit, 0, true);
   }
+  if (cost.mostly_free()) {
+    // The scoring below takes the first placement, in its order, that maps
+    // nothing and waits for nothing, when there is one: found here without
+    // counting any candidate's cost.
+    auto free_at = [&](ChunkId id) -> std::size_t {  // an offset into the chunk, or SIZE_MAX
+      const Chunk& chunk = chunks_[id];
+      if (id == *fit ? must_wait(chunk, stream) : may_wait(chunk, stream)) return SIZE_MAX;
+      if (id != *fit && cost.costs_nothing(chunk.address, bytes)) return 0;  // the fit's front costs (above)
+      if (!should_split(chunk.size, bytes)) return SIZE_MAX;
+      if (cost.costs_nothing(chunk.end() - bytes, bytes)) return chunk.size - bytes;
+      const std::uintptr_t at = cost.free_window(chunk.address, chunk.end(), bytes);
+      return at == 0 ? SIZE_MAX : at - chunk.address;
+    };
+    ChunkId id = *fit;
+    std::size_t offset = free_at(id);
+    if (offset == SIZE_MAX) {
+      std::size_t looked = 0;
+      bins_.visit_fitting(chunks_, bytes, [&](ChunkId other) {
+        if (other == *fit) return true;
+        id = other;
+        offset = free_at(other);
+        return offset == SIZE_MAX && ++looked < kPlacementCandidates;
+      });
+    }
+    if (offset != SIZE_MAX) return placed(id, offset, true);
+  }
   struct Placement {
     ChunkId id;
     std::size_t offset;

@@ -59,6 +59,10 @@ class PlacementCost {
                                      std::size_t /*bytes*/) const noexcept {
     return 0;
   }
+  /// Whether most placements cost nothing now (a warm owner): the arena
+  /// then looks for one that costs nothing before it counts costs. The
+  /// block goes to the same place either way.
+  virtual bool mostly_free() const noexcept { return false; }
 };
 
 class BestFitArena {

@@ -124,7 +124,10 @@ class GranuleBits {
     for (std::size_t w = first / 64; w <= last / 64; ++w) {
       const std::uint64_t word = words_[w] & mask(w, first, last);
       if (word == 0) {
+        // A free chunk may span the unmapped rest of the address space:
+        // skip its empty words through the summary.
         run = 0;
+        w = next_nonzero_word(w + 1) - 1;
         continue;
       }
       for (std::size_t b = low(w, first); b <= high(w, last);) {
@@ -148,6 +151,17 @@ class GranuleBits {
     std::fill(summary_.begin(), summary_.end(), 0);
   }
   std::size_t words() const noexcept { return words_.size(); }
+  /// The first word at or after `from` with a bit set, or words().
+  std::size_t next_nonzero_word(std::size_t from) const noexcept {
+    std::size_t s = from / 64;
+    if (s >= summary_.size()) return words_.size();
+    std::uint64_t candidates = summary_[s] & (~std::uint64_t{0} << (from % 64));
+    while (candidates == 0) {
+      if (++s == summary_.size()) return words_.size();
+      candidates = summary_[s];
+    }
+    return s * 64 + static_cast<std::size_t>(std::countr_zero(candidates));
+  }
   std::size_t highest() const noexcept {
     for (std::size_t s = summary_.size(); s-- > 0;) {
       if (summary_[s] == 0) continue;
