@@ -460,6 +460,77 @@ TEST_F(BestFitArenaTest, PlacementGoesWhereItCostsLeast) {
   EXPECT_EQ(arena.free_region_bytes(), 1 * MiB);
 }
 
+// A warm owner (mostly_free) lets the arena look for a placement that costs
+// nothing before it counts costs: the block must land where the scoring puts
+// it. Two arenas given the same requests, one warm and one not, with costs
+// from the same "mapped" map of 16 KiB pages (changed as blocks come and go,
+// so that both outcomes, found and not found, happen), place every block alike.
+TEST_F(BestFitArenaTest, AWarmOwnersPlacementsAreTheScoringsPlacements) {
+  constexpr std::size_t kPage = 16 * KiB, kBytes = 4 * MiB;
+  struct PageCost final : PlacementCost {
+    std::uintptr_t base = 0;
+    const std::vector<bool>* mapped = nullptr;
+    bool warm = false;
+    std::size_t cost(std::uintptr_t at, std::size_t bytes) const noexcept override {
+      std::size_t unmapped = 0;
+      for (std::size_t page = (at - base) / kPage; page <= (at - base + bytes - 1) / kPage; ++page) {
+        unmapped += (*mapped)[page] ? 0 : 1;
+      }
+      return unmapped;
+    }
+    std::uintptr_t free_window(std::uintptr_t begin, std::uintptr_t end, std::size_t bytes) const noexcept override {
+      for (std::uintptr_t at = base + round_up(begin - base, kPage); at + bytes <= end; at += kPage) {
+        if (cost(at, bytes) == 0) return at;
+      }
+      return 0;
+    }
+    bool mostly_free() const noexcept override { return warm; }
+  };
+  std::vector<bool> mapped(kBytes / kPage);
+  char* cold_base = static_cast<char*>(region(kBytes));
+  char* warm_base = static_cast<char*>(region(kBytes));
+  BestFitArena cold(*device_), warm(*device_);
+  ASSERT_TRUE(cold.add_region(cold_base, kBytes));
+  ASSERT_TRUE(warm.add_region(warm_base, kBytes));
+  PageCost cold_cost, warm_cost;
+  cold_cost.base = reinterpret_cast<std::uintptr_t>(cold_base);
+  warm_cost.base = reinterpret_cast<std::uintptr_t>(warm_base);
+  cold_cost.mapped = warm_cost.mapped = &mapped;
+  warm_cost.warm = true;
+  std::mt19937_64 random(17);
+  std::vector<std::pair<std::size_t, Stream>> live;  // offset, stream
+  std::size_t found_free = 0, costly = 0;
+  for (int step = 0; step < 4000; ++step) {
+    if (random() % 8 == 0) mapped[random() % mapped.size()] = random() % 2 == 0;  // a page mapped or stolen
+    if (!live.empty() && (random() % 2 == 0 || live.size() > 40)) {
+      const std::size_t i = random() % live.size();
+      const auto [offset, stream] = live[i];
+      ASSERT_TRUE(cold.free(cold_base + offset, stream));
+      ASSERT_TRUE(warm.free(warm_base + offset, stream));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    const std::size_t bytes = (1 + random() % 256) * 256;
+    const Stream stream = random() % 3;
+    Expected<PlacedBlock> a = cold.allocate(bytes, stream, cold_cost);
+    Expected<PlacedBlock> b = warm.allocate(bytes, stream, warm_cost);
+    ASSERT_TRUE(a && b);
+    if (a->base == nullptr) {
+      ASSERT_EQ(b->base, nullptr);
+      continue;
+    }
+    const std::size_t offset = static_cast<std::size_t>(static_cast<char*>(a->base) - cold_base);
+    ASSERT_EQ(static_cast<char*>(b->base) - warm_base, static_cast<std::ptrdiff_t>(offset)) << "step " << step;
+    ASSERT_EQ(a->costs_nothing, b->costs_nothing);
+    (a->costs_nothing ? found_free : costly) += 1;
+    // Placed where it was mapped: the pages are the block's now (as a pool maps them).
+    for (std::size_t page = offset / kPage; page <= (offset + bytes - 1) / kPage; ++page) mapped[page] = true;
+    live.emplace_back(offset, stream);
+  }
+  EXPECT_GT(found_free, 100u);
+  EXPECT_GT(costly, 10u);
+}
+
 TEST_F(BestFitArenaTest, AFreeWindowInsideAChunkServesTheBlockAndLeavesBothSidesFree) {
   // Costly everywhere but [window, window + 128 KiB), which the owner names.
   struct CheapWindow final : PlacementCost {
