@@ -111,8 +111,12 @@ class HoldBack {
   std::size_t next_ = 0;
 };
 // Allocations in a row served from mapped memory before the granule table
-// stops following blocks (ExpandablePool::State::exact).
+// stops following blocks (ExpandablePool::State::exact) and the pool counts
+// as warm (State::warm).
 inline constexpr std::uint32_t kQuietAllocations = 1024;
+// A block that needs more than 1/16 of the mapped granules is new demand,
+// not the drift of a repeating program: a warm pool may steal for it.
+inline constexpr std::size_t kNewDemandShare = 16;
 // A sleep or a wake copies this much at a time, overlapped with the
 // unmapping or mapping of the chunk before (a bare copy's speed, not the
 // sum of both).
@@ -217,9 +221,16 @@ struct ExpandablePool::State {
   std::uint32_t quiet_allocations = 0;  // in a row, that mapped nothing
   std::int64_t rebuilds = 0;             // sync_granules() calls that rebuilt the table
   bool may_be_lazy() const noexcept { return holds_back() && tags.size() == 0; }
+  /// Warm: the pool has served kQuietAllocations in a row from mapped
+  /// memory, so the program repeats its steps. Below the limit a warm pool
+  /// creates granules rather than steal them, except for a block that needs
+  /// many (back()).
+  bool warm = false;
   /// An allocation found every granule mapped.
   void note_quiet() noexcept {
-    if (++quiet_allocations < expandable::kQuietAllocations || !may_be_lazy()) return;
+    if (++quiet_allocations < expandable::kQuietAllocations) return;
+    warm = true;
+    if (!may_be_lazy()) return;
     complete_held();
     exact = false;
   }

@@ -277,6 +277,65 @@ TEST(ExpandablePool, StealingNeverOutrunsCreatingBelowTheLimit) {
   for (void* block : live) ASSERT_TRUE(pool->deallocate(block));
 }
 
+// A pool that repeats its steps (1,024 allocations in a row from mapped
+// memory) creates the few granules a step needs where the last one left
+// none, rather than steal them back every step; a block that needs many
+// granules is still stitched from free ones, and at the limit any block is.
+TEST(ExpandablePool, AWarmPoolCreatesForDriftAndStitchesNewDemand) {
+  const auto warm_up = [](Allocator& pool) {
+    for (int i = 0; i < 1100; ++i) ASSERT_TRUE(pool.deallocate(must_allocate(pool, 4 * KiB)));
+  };
+  {
+    auto device = host_device(4 * GiB);
+    auto pool = expandable(device);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 64; ++i) blocks.push_back(must_allocate(*pool, 16 * MiB));  // 512 granules
+    for (int i = 0; i < 64; i += 2) ASSERT_TRUE(pool->deallocate(blocks[i]));      // 256 free, in 8-granule holes
+    ASSERT_EQ(pool->stats().granules_free, 256);
+    EXPECT_NE(pool->dump().find("growing:"), std::string::npos);
+    ASSERT_NO_FATAL_FAILURE(warm_up(*pool));  // its granule is stolen: the pool was not warm yet
+    EXPECT_NE(pool->dump().find("warm:"), std::string::npos);
+    const Stats warm = pool->stats();
+    ASSERT_EQ(warm.granules_free, 256);
+    // 24 MiB fits no hole: 12 granules, under 1/16 of those mapped. Created.
+    void* drift = must_allocate(*pool, 24 * MiB);
+    Stats stats = pool->stats();
+    EXPECT_EQ(stats.num_unmaps, warm.num_unmaps);
+    EXPECT_EQ(stats.num_device_allocs, warm.num_device_allocs + 12);
+    EXPECT_EQ(stats.granules_free, 256);
+    // 128 MiB needs 64, more than 1/16 of the 524 mapped: stitched, nothing created.
+    void* demand = must_allocate(*pool, 128 * MiB);
+    const Stats after = pool->stats();
+    EXPECT_EQ(after.num_unmaps, stats.num_unmaps + 64);
+    EXPECT_EQ(after.num_device_allocs, stats.num_device_allocs);
+    EXPECT_EQ(after.num_stitches, stats.num_stitches + 1);
+    fill(demand, 128 * MiB, 7);
+    fill(drift, 24 * MiB, 8);
+    for (int i = 1; i < 64; i += 2) fill(blocks[i], 16 * MiB, static_cast<std::uint64_t>(i));
+    EXPECT_TRUE(intact(demand, 128 * MiB, 7));
+    EXPECT_TRUE(intact(drift, 24 * MiB, 8));
+    for (int i = 1; i < 64; i += 2) EXPECT_TRUE(intact(blocks[i], 16 * MiB, static_cast<std::uint64_t>(i)));
+  }
+  {
+    // At the limit a warm pool steals for any block: no OOM while free
+    // granules can serve it.
+    auto device = host_device(1 * GiB);
+    auto pool = expandable(device);
+    Fragmented state = fill_and_free_every_other(*pool);
+    ASSERT_EQ(state.live.size(), 32u);
+    ASSERT_NO_FATAL_FAILURE(warm_up(*pool));  // at the limit: the 4 KiB blocks' granule is stolen
+    const Stats before = pool->stats();
+    void* drift = must_allocate(*pool, 24 * MiB);
+    const Stats after = pool->stats();
+    EXPECT_EQ(after.num_unmaps, before.num_unmaps + 12);
+    EXPECT_EQ(after.num_device_allocs, before.num_device_allocs);
+    fill(drift, 24 * MiB, 9);
+    for (std::size_t i = 0; i < state.live.size(); ++i) fill(state.live[i], 16 * MiB, i);
+    EXPECT_TRUE(intact(drift, 24 * MiB, 9));
+    for (std::size_t i = 0; i < state.live.size(); ++i) EXPECT_TRUE(intact(state.live[i], 16 * MiB, i));
+  }
+}
+
 TEST(ExpandablePool, ReleaseThresholdBoundsTheCachedGranules) {
   auto device = host_device(1 * GiB);
   ExpandableOptions options;

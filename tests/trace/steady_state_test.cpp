@@ -17,26 +17,33 @@ namespace {
 struct Case {
   std::string name;
   Trace trace;
-  std::size_t capacity = 0;         // 0: the trace's own
-  std::size_t quiet_from_pass = 0;  // the first pass with no device call at all; 0: none yet
+  std::size_t capacity = 0;      // 0: the trace's own
+  std::size_t quiet_from = 0;    // the first pass that creates, maps, unmaps and syncs nothing
+  double footprint = 1.07;       // peak reserved / peak live at most
 };
+
+constexpr std::size_t kPasses = 5;
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  const auto workload = [&](const char* name, std::uint32_t steps, std::size_t capacity, std::size_t quiet) {
+  const auto workload = [&](const char* name, std::uint32_t steps, std::size_t capacity, std::size_t quiet,
+                            double footprint = 1.07) {
     WorkloadOptions options;
     options.steps = steps;
     auto trace = make_workload(name, options);
     if (!trace) throw Exception(trace.error());
-    out.push_back({name, std::move(*trace), capacity, quiet});
+    out.push_back({name, std::move(*trace), capacity, quiet, footprint});
   };
   // The pathologies, at a size a test can afford; near-capacity on the 60
   // GiB its live bytes were sized for, so that they reach 95-99% of the limit.
-  workload("multi-stream-inference", 4, 0, 0);
+  workload("multi-stream-inference", 4, 0, 4);
   workload("near-capacity", 4, 60 * GiB, 2);
-  workload("random-mixed", 100, 0, 0);
+  workload("random-mixed", 100, 0, 2);
   workload("train-step", 2, 0, 2);
   workload("llm-inference", 8, 0, 2);
+  // 20,000 tensors: its warm passes create 76 granules (6% of its peak) where
+  // the steps drift, instead of stealing 70-90 a pass on and on.
+  workload("small-tensors", 20, 0, 5, 1.15);
   for (const auto& [file, quiet] : {std::pair{"cs336-magma27.pickle", 2}, std::pair{"cs336-bcrafton.pickle", 3}}) {
     auto trace = read_trace(std::string(TIDEPOOL_TEST_DATA) + "/pytorch/" + file);
     if (!trace) throw Exception(trace.error());
@@ -47,34 +54,38 @@ std::vector<Case> cases() {
 
 std::uint64_t maps_and_unmaps(const PassReplay& pass) { return pass.device_calls.maps + pass.device_calls.unmaps; }
 
-// What holds today (docs/expandable.md, "Once warm"): the traces that
-// repeat their shape make no device call from their second or third pass;
-// the others keep a few steals a pass (a fifth of the first pass's or
-// less). The first pass maps and unmaps at most 3 times its peak granules.
-// No OOM, and the footprint stays within 7% of the peak of live bytes.
+// What holds today (docs/expandable.md, "Once warm"): every trace settles
+// within a few passes: from then on a pass creates, maps, unmaps and syncs
+// nothing (a warm pool creates the granules its steps drift onto rather
+// than steal them back every pass); multi-stream-inference still asks its
+// streams whether they are busy. The first pass maps and unmaps at most 3
+// times its peak granules. No OOM, and the footprint stays within 7% of the
+// peak of live bytes (15% for small-tensors at this size).
 TEST(SteadyState, TheExpandablePoolSettlesOnceWarm) {
   for (Case& c : cases()) {
     SCOPED_TRACE(c.name);
     ReplayOptions options;
     options.capacity_bytes = c.capacity;
     options.config.mem_fraction.value = 1.0;
-    options.passes = 3;
+    options.passes = kPasses;
     auto result = replay_mode(c.trace, Mode::expandable, options);
     ASSERT_TRUE(result) << result.error().message();
-    ASSERT_EQ(result->passes.size(), 3u);
+    ASSERT_EQ(result->passes.size(), kPasses);
     EXPECT_EQ(result->ooms, 0u);
-    EXPECT_LE(result->fragmentation, 1.07);
+    EXPECT_LE(result->fragmentation, c.footprint);
 
     const std::vector<PassReplay>& passes = result->passes;
     // The first pass maps and unmaps at most three times its peak granules
     // (the pool moves no more granules than it creates; 2 MiB granules).
     EXPECT_LE(maps_and_unmaps(passes[0]), 3 * (passes[0].peak_reserved_bytes / (2 * MiB)));
-    EXPECT_LE(maps_and_unmaps(passes[1]) * 5, maps_and_unmaps(passes[0]));
-    EXPECT_LE(maps_and_unmaps(passes[2]) * 5, maps_and_unmaps(passes[0]));
-    for (std::size_t pass = c.quiet_from_pass; c.quiet_from_pass != 0 && pass <= 3; ++pass) {
-      const DeviceCalls& quiet = passes[pass - 1].device_calls;
-      EXPECT_EQ(quiet.total(), 0u) << "pass " << pass << ": creates " << quiet.creates << ", maps " << quiet.maps
-                                   << ", unmaps " << quiet.unmaps << ", syncs " << quiet.syncs;
+    for (std::size_t pass = 2; pass <= kPasses; ++pass) {
+      const DeviceCalls& calls = passes[pass - 1].device_calls;
+      EXPECT_LE(maps_and_unmaps(passes[pass - 1]) * 5, maps_and_unmaps(passes[0])) << "pass " << pass;
+      if (pass >= c.quiet_from) {
+        EXPECT_EQ(calls.creates + calls.maps + calls.unmaps + calls.syncs + calls.releases, 0u)
+            << "pass " << pass << ": creates " << calls.creates << ", maps " << calls.maps << ", unmaps "
+            << calls.unmaps << ", syncs " << calls.syncs;
+      }
     }
     // The host device's streams are always idle: memory passes from stream
     // to stream for a query, never a synchronize (multi-stream-inference
