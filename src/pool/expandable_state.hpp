@@ -258,6 +258,8 @@ struct ExpandablePool::State {
     }
     return nullptr;
   }
+  /// The granule table's part for `space` (each space is one grow()).
+  std::size_t part_of(const Space& space) const noexcept { return static_cast<std::size_t>(&space - spaces.data()); }
   GranuleId granule_of(const Space& space, std::uintptr_t address) const noexcept {
     return space.first + static_cast<GranuleId>((address - space.base) >> granule_shift);
   }
@@ -331,8 +333,9 @@ struct ExpandablePool::State {
       return s.granules.unmapped_in(first, last);
     }
     bool costs_nothing(std::uintptr_t base, std::size_t bytes) const noexcept override {
-      const auto [first, last] = s.granules_of(*s.space_of(base), base, bytes);
-      return s.granules.all_mapped(first, last);
+      const Space& space = *s.space_of(base);
+      const auto [first, last] = s.granules_of(space, base, bytes);
+      return s.granules.all_mapped(s.part_of(space), first, last);
     }
     // Free chunks coalesce over granules stolen from their middle, so mapped
     // granules may lie inside one whose ends are not: a block starting at

@@ -185,10 +185,13 @@ class GranuleBits {
 
 class GranuleTable {
  public:
-  /// Appends `count` unmapped granules; returns the id of the first.
+  /// Appends `count` unmapped granules, a part of their own (parts are
+  /// numbered from 0 in the order they were added); returns the id of the
+  /// first.
   GranuleId grow(std::size_t count) {
     const auto first = static_cast<GranuleId>(uses_.size());
     const std::size_t size = uses_.size() + count;
+    parts_.push_back({first, static_cast<GranuleId>(size), first});
     handle_.resize(size, 0);
     for (GranuleBits& bits : freed_by_) bits.resize(size);
     freed_by_many_.resize(size);
@@ -233,6 +236,12 @@ class GranuleTable {
   bool all_mapped(GranuleId first, GranuleId last) const noexcept {
     return mapped_bits_.all(first, last);
   }
+  /// The same for granules of part `part`: one comparison while the range
+  /// lies in the part's mapped prefix (where most blocks lie: the pool
+  /// places blocks low and moves few granules).
+  bool all_mapped(std::size_t part, GranuleId first, GranuleId last) const noexcept {
+    return last < parts_[part].mapped_end || mapped_bits_.all(first, last);
+  }
 
   /// The first of `n` consecutive mapped granules in [first, last], or kNoGranule.
   GranuleId mapped_run(GranuleId first, GranuleId last, std::size_t n) const noexcept {
@@ -273,6 +282,19 @@ class GranuleTable {
     handle_[id] = handle;
     mapped_bits_.set(id);
     ++mapped_;
+    Part& part = part_of(id);
+    if (id != part.mapped_end) return;
+    // The prefix grows up to the next unmapped granule, a word at a time.
+    GranuleId end = id + 1;
+    while (end < part.end) {
+      const std::uint64_t unmapped = ~mapped_bits_.word(end / 64) >> (end % 64);
+      if (unmapped != 0) {
+        end += static_cast<GranuleId>(std::countr_zero(unmapped));
+        break;
+      }
+      end += static_cast<GranuleId>(64 - end % 64);
+    }
+    part.mapped_end = std::min(end, part.end);
   }
 
   /// A block freed on `stream` overlapped every granule of [first, last]
@@ -351,7 +373,7 @@ class GranuleTable {
   /// device); its handle is returned for the caller to map again or release.
   /// A queue entry for it goes stale, to be skipped.
   PhysicalHandle take_free(GranuleId id) noexcept {
-    mapped_bits_.clear(id);
+    unmapped(id);
     settled(id);
     free_bits_.clear(id);
     --free_count_;
@@ -364,12 +386,26 @@ class GranuleTable {
   /// uses: it is unmapped and used, as while a block is backed, until
   /// set_mapped().
   PhysicalHandle take_used(GranuleId id) noexcept {
-    mapped_bits_.clear(id);
+    unmapped(id);
     --mapped_;
     return handle_[id];
   }
 
  private:
+  /// The granules added by one grow(), and how far from its start every
+  /// granule is mapped.
+  struct Part {
+    GranuleId first, end;  // [first, end)
+    GranuleId mapped_end;  // [first, mapped_end) mapped
+  };
+  Part& part_of(GranuleId id) noexcept {
+    return *std::find_if(parts_.begin(), parts_.end(), [id](const Part& part) { return id < part.end; });
+  }
+  void unmapped(GranuleId id) noexcept {
+    mapped_bits_.clear(id);
+    Part& part = part_of(id);
+    part.mapped_end = std::min(part.mapped_end, id);
+  }
   /// Queues the free granules of [first, last] not queued yet: the ends
   /// first, then the rest in address order.
   void enqueue_free(GranuleId first, GranuleId last) {
@@ -430,6 +466,7 @@ class GranuleTable {
   std::vector<Stream> streams_;
   StreamValues slot_of_;                    // per stream in streams_: its slot + 1
   std::deque<GranuleId> queue_;
+  std::vector<Part> parts_;
   std::size_t mapped_ = 0;
   std::size_t free_count_ = 0;
 };

@@ -178,6 +178,37 @@ TEST(StreamValues, AgreesWithAMapForManyStreamsSharingSlots) {
   }
 }
 
+TEST(GranuleTable, APartsMappedPrefixAnswersAsTheBitmapDoes) {
+  // Three parts; granules mapped and unmapped at random, mostly low in each
+  // part (as the pool places blocks), so prefixes grow, break and heal.
+  std::mt19937_64 random(23);
+  GranuleTable table;
+  const std::vector<std::size_t> sizes = {70, 200, 130};
+  std::vector<GranuleId> firsts;
+  for (std::size_t size : sizes) firsts.push_back(table.grow(size));
+  std::size_t prefix_hits = 0;
+  for (int op = 0; op < 20000; ++op) {
+    const std::size_t part = random() % sizes.size();
+    const std::size_t reach = random() % 4 == 0 ? sizes[part] : std::min<std::size_t>(sizes[part], 40);
+    const GranuleId id = firsts[part] + static_cast<GranuleId>(random() % reach);
+    if (table.is_mapped(id)) {
+      if (random() % 3 == 0) (void)table.take_used(id);  // used: unmapped and still used, as a sleeping tag's
+    } else {
+      (void)table.use_range(id, id);
+      table.set_mapped(id, 1);
+    }
+    for (int query = 0; query < 4; ++query) {
+      const GranuleId first = firsts[part] + static_cast<GranuleId>(random() % sizes[part]);
+      const GranuleId last = first + static_cast<GranuleId>(random() % (firsts[part] + sizes[part] - first));
+      const bool expected = table.all_mapped(first, last);
+      ASSERT_EQ(table.all_mapped(part, first, last), expected) << "op " << op << " part " << part << " [" << first
+                                                               << ", " << last << "]";
+      prefix_hits += expected ? 1 : 0;
+    }
+  }
+  EXPECT_GT(prefix_hits, 1000u);
+}
+
 TEST(GranuleTable, AgreesWithACounterPerGranule) {
   // Blocks of 1 to 150 granules (within one bitmap word or across several)
   // sharing end granules with their neighbours, as the arena places them,
