@@ -277,7 +277,7 @@ TEST(ExpandablePool, StealingNeverOutrunsCreatingBelowTheLimit) {
   for (void* block : live) ASSERT_TRUE(pool->deallocate(block));
 }
 
-// A pool that repeats its steps (1,024 allocations in a row from mapped
+// A pool that repeats its steps (512 allocations in a row from mapped
 // memory) creates the few granules a step needs where the last one left
 // none, rather than steal them back every step; a block that needs many
 // granules is still stitched from free ones, and at the limit any block is.
