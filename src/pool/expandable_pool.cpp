@@ -506,7 +506,9 @@ std::string ExpandablePool::dump() const {
                     ", stitches " + std::to_string(s.stitches) + ", releases " +
                     std::to_string(s.usage.num_device_frees) + "; granule table rebuilt from the arenas " +
                     std::to_string(s.rebuilds) + " times (lazy mode); " +
-                    (s.warm ? "warm: below the limit it steals only for blocks that need many granules" : "growing: steals below the limit") + "\n";
+                    (s.warm ? "warm: below the limit it steals only for blocks that need many granules"
+                            : "growing: steals below the limit") +
+                    "\n";
   for (const State::Space& space : s.spaces) {
     out += "  address space [" + format_address(space.base) + ", " + format_address(space.base + space.bytes) +
            ") for " +

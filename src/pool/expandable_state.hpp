@@ -352,7 +352,8 @@ struct ExpandablePool::State {
                                                   (bytes + s.granule - 1) >> s.granule_shift);
       return run == pool::kNoGranule ? 0 : reinterpret_cast<std::uintptr_t>(s.address_of(run));
     }
-    // In lazy mode (the pool is warm), most blocks land on mapped memory.
+    // In lazy mode (1,024 allocations in a row served from mapped memory),
+    // most blocks land on mapped memory.
     bool mostly_free() const noexcept override { return !s.exact; }
     const State& s;
   };
