@@ -125,30 +125,27 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   };
 
   bool stitched = false;
-  const bool new_demand = missing > granules.mapped() / kNewDemandShare;
   for (GranuleId id = first; id <= last; ++id) {
     if (granules.is_mapped(id)) {
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
       continue;
     }
     if (run.empty()) run_first = id;
-    // A free granule from elsewhere (footprint stays flat) while the pool
-    // grows, more than the slack is free and the pool has moved fewer
-    // granules than it has created, or when there is no room to grow; new
-    // physical memory otherwise. The slack stops a cascade: each stolen
-    // granule leaves a hole in some free range, and the next request landing
-    // there would steal again. The move budget bounds what churn costs: a
-    // trace that would steal again and again (random sizes) grows instead
-    // once its moves have caught up with its creates; below the limit, the
-    // pool makes at most three device calls (create, unmap, map) per granule
-    // it ever created. A warm pool (one that repeats its steps) does not
-    // steal below the limit: a step that needs a granule where the last one
-    // left none would take it back from wherever it went, every step, so it
-    // creates it once and the steps run on what the pool holds. A block
-    // that needs more than 1/16 of the mapped granules is new demand, not
-    // drift, and is stitched from free granules as ever.
+    // A free granule from elsewhere (footprint stays flat) while more than
+    // the slack is free and the pool has moved fewer granules than it has
+    // created, or when there is no room to grow; new physical memory
+    // otherwise. The slack stops a cascade: each stolen granule leaves a hole
+    // in some free range, and the next request landing there would steal
+    // again. A warm pool's slack is larger: a step of a repeating program
+    // that needs a granule where the last step left none would steal it back
+    // from wherever a later step needs it, every step, so it creates it
+    // once; only memory left free in bulk (a new phase of the program) is
+    // stitched. The move budget bounds what churn costs: a trace that would
+    // steal again and again (random sizes) grows instead once its moves have
+    // caught up with its creates; below the limit, the pool makes at most
+    // three device calls (create, unmap, map) per granule it ever created.
     const bool at_limit = mapped_bytes() + (run.size() + 1) * granule > bytes_limit;
-    const bool may_move = (!warm || new_demand) && moved < usage.num_device_allocs;
+    const bool may_move = moved < usage.num_device_allocs;
     if ((may_move && granules.free_count() > slack_granules()) || (at_limit && granules.free_count() > 0)) {
       // A stolen granule is mapped here at once, alone: its unmap may split a
       // kernel mapping, and unmaps piling up before one map would pass the
@@ -506,8 +503,8 @@ std::string ExpandablePool::dump() const {
                     ", stitches " + std::to_string(s.stitches) + ", releases " +
                     std::to_string(s.usage.num_device_frees) + "; granule table rebuilt from the arenas " +
                     std::to_string(s.rebuilds) + " times (lazy mode); " +
-                    (s.warm ? "warm: below the limit it steals only for blocks that need many granules"
-                            : "growing: steals below the limit") +
+                    (s.warm ? "warm: steals while more than 1/8 of the mapped granules are free"
+                            : "growing: steals while more than 1/64 of the mapped granules are free") +
                     "\n";
   for (const State::Space& space : s.spaces) {
     out += "  address space [" + format_address(space.base) + ", " + format_address(space.base + space.bytes) +

@@ -55,7 +55,11 @@ inline constexpr std::size_t kLargeSpaceShares = 3;
 // Free granules up to 1/64 of the mapped ones are kept rather than stolen
 // (see back()): peak reserved stays within ~1.6% of what the blocks span,
 // unless the pool has moved as many granules as it created (back() again).
+// A warm pool keeps up to 1/8: what a repeating program's steps drift onto
+// is created once rather than stolen back every step, and memory left free
+// in bulk (a new phase with other sizes) is still stitched.
 inline constexpr std::size_t kSlackShare = 64;
+inline constexpr std::size_t kWarmSlackShare = 8;
 // Large blocks whose free is held back (see above). Enough for the large
 // blocks of a layer or two freed and asked for again in the same order.
 inline constexpr std::size_t kHeldBlocks = 16;
@@ -118,9 +122,6 @@ class HoldBack {
 // it stole, 1.055x instead of 1.024x.
 inline constexpr std::uint32_t kWarmAllocations = 512;
 inline constexpr std::uint32_t kQuietAllocations = 1024;
-// A block that needs more than 1/16 of the mapped granules is new demand,
-// not the drift of a repeating program: a warm pool may steal for it.
-inline constexpr std::size_t kNewDemandShare = 16;
 // A sleep or a wake copies this much at a time, overlapped with the
 // unmapping or mapping of the chunk before (a bare copy's speed, not the
 // sum of both).
@@ -226,9 +227,8 @@ struct ExpandablePool::State {
   std::int64_t rebuilds = 0;             // sync_granules() calls that rebuilt the table
   bool may_be_lazy() const noexcept { return holds_back() && tags.size() == 0; }
   /// Warm: the pool has served kWarmAllocations in a row from mapped
-  /// memory, so the program repeats its steps. Below the limit a warm pool
-  /// creates granules rather than steal them, except for a block that needs
-  /// many (back()).
+  /// memory, so the program repeats its steps: its slack is larger
+  /// (slack_granules(), back()).
   bool warm = false;
   /// An allocation found every granule mapped.
   void note_quiet() noexcept {
@@ -247,8 +247,10 @@ struct ExpandablePool::State {
 
   std::size_t mapped_bytes() const noexcept { return granules.mapped() * granule; }
   std::size_t free_granule_bytes() const noexcept { return granules.free_count() * granule; }
-  /// Free granules kept before stealing: 1/64 of those mapped.
-  std::size_t slack_granules() const noexcept { return granules.mapped() / expandable::kSlackShare; }
+  /// Free granules kept before stealing: 1/64 of those mapped, 1/8 once warm.
+  std::size_t slack_granules() const noexcept {
+    return granules.mapped() / (warm ? expandable::kWarmSlackShare : expandable::kSlackShare);
+  }
 
   /// Reserves `bytes` of address space for one arena.
   Status add_space(std::size_t bytes, bool for_small, pool::TagId tag = pool::kUntagged);
