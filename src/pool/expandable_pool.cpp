@@ -503,9 +503,8 @@ std::string ExpandablePool::dump() const {
                     ", stitches " + std::to_string(s.stitches) + ", releases " +
                     std::to_string(s.usage.num_device_frees) + "; granule table rebuilt from the arenas " +
                     std::to_string(s.rebuilds) + " times (lazy mode); " +
-                    (s.warm ? "warm: steals while more than 1/8 of the mapped granules are free"
-                            : "growing: steals while more than 1/64 of the mapped granules are free") +
-                    "\n";
+                    (s.warm ? "warm" : "growing") + ": steals while more than 1/" +
+                    std::to_string(s.warm ? kWarmSlackShare : kSlackShare) + " of the mapped granules are free\n";
   for (const State::Space& space : s.spaces) {
     out += "  address space [" + format_address(space.base) + ", " + format_address(space.base + space.bytes) +
            ") for " +

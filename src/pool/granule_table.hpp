@@ -151,6 +151,15 @@ class GranuleBits {
     std::fill(summary_.begin(), summary_.end(), 0);
   }
   std::size_t words() const noexcept { return words_.size(); }
+  /// The first clear bit in [from, end), or end (end <= the bits resized to).
+  std::size_t next_clear(std::size_t from, std::size_t end) const noexcept {
+    while (from < end) {
+      const std::uint64_t clear = ~words_[from / 64] >> (from % 64);
+      if (clear != 0) return std::min(end, from + static_cast<std::size_t>(std::countr_zero(clear)));
+      from += 64 - from % 64;
+    }
+    return end;
+  }
   /// The first word at or after `from` with a bit set, or words().
   std::size_t next_nonzero_word(std::size_t from) const noexcept {
     std::size_t s = from / 64;
@@ -191,7 +200,7 @@ class GranuleTable {
   GranuleId grow(std::size_t count) {
     const auto first = static_cast<GranuleId>(uses_.size());
     const std::size_t size = uses_.size() + count;
-    parts_.push_back({first, static_cast<GranuleId>(size), first});
+    parts_.push_back({static_cast<GranuleId>(size), first});
     handle_.resize(size, 0);
     for (GranuleBits& bits : freed_by_) bits.resize(size);
     freed_by_many_.resize(size);
@@ -283,18 +292,9 @@ class GranuleTable {
     mapped_bits_.set(id);
     ++mapped_;
     Part& part = part_of(id);
-    if (id != part.mapped_end) return;
-    // The prefix grows up to the next unmapped granule, a word at a time.
-    GranuleId end = id + 1;
-    while (end < part.end) {
-      const std::uint64_t unmapped = ~mapped_bits_.word(end / 64) >> (end % 64);
-      if (unmapped != 0) {
-        end += static_cast<GranuleId>(std::countr_zero(unmapped));
-        break;
-      }
-      end += static_cast<GranuleId>(64 - end % 64);
+    if (id == part.mapped_end) {  // the prefix grows up to the next unmapped granule
+      part.mapped_end = static_cast<GranuleId>(mapped_bits_.next_clear(id + 1, part.end));
     }
-    part.mapped_end = std::min(end, part.end);
   }
 
   /// A block freed on `stream` overlapped every granule of [first, last]
@@ -392,11 +392,11 @@ class GranuleTable {
   }
 
  private:
-  /// The granules added by one grow(), and how far from its start every
-  /// granule is mapped.
+  /// The granules added by one grow(), [start, end), and how far from its
+  /// start every granule is mapped: [start, mapped_end).
   struct Part {
-    GranuleId first, end;  // [first, end)
-    GranuleId mapped_end;  // [first, mapped_end) mapped
+    GranuleId end;
+    GranuleId mapped_end;
   };
   Part& part_of(GranuleId id) noexcept {
     return *std::find_if(parts_.begin(), parts_.end(), [id](const Part& part) { return id < part.end; });
