@@ -25,6 +25,16 @@ const bool registered = register_command(
                      "Built-in workloads to replay (" + workload_names +
                          "); default: all of them when no trace is given")
           ->delimiter(',');
+      app.add_option("--seed", options->workload.seed,
+                     "Seed of the built-in workloads' random choices (sizes, lengths, lifetimes); default 1");
+      std::string sizes;
+      for (const trace::WorkloadInfo& workload : trace::workloads()) {
+        sizes += (sizes.empty() ? "" : ", ") + std::string(workload.name) + " " +
+                 std::to_string(workload.default_steps) + " " + std::string(workload.steps_are);
+      }
+      app.add_option("--steps", options->workload.steps,
+                     "Size of each built-in workload, in its own steps, at most " +
+                         std::to_string(trace::kMaxStepsFactor) + " times its default (" + sizes + ")");
       add_replay_options(app, *options);
       return [options] {
         ReplayCommandOptions run = *options;

@@ -113,8 +113,11 @@ Expected<std::vector<trace::Trace>> load_traces(const ReplayCommandOptions& opti
     for (trace::Trace& one : *loaded) traces.push_back(std::move(one));
   }
   for (const std::string& name : options.workloads) {
-    auto made = trace::make_workload(name);
+    auto made = trace::make_workload(name, options.workload);
     if (!made) return std::move(made).error();
+    // Named apart from the default one (a table, a report, a JSON key).
+    if (options.workload.seed != trace::WorkloadOptions{}.seed) made->name += " seed " + std::to_string(options.workload.seed);
+    if (options.workload.steps != 0) made->name += " steps " + std::to_string(options.workload.steps);
     traces.push_back(std::move(*made));
   }
   return traces;

@@ -8,11 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "tidepool/workloads.hpp"
+
 namespace tidepool::cli {
 
 struct ReplayCommandOptions {
   std::vector<std::string> traces;     // trace files
   std::vector<std::string> workloads;  // built-in workloads (compare)
+  trace::WorkloadOptions workload;     // their seed and size (compare)
   std::string modes;                   // comma-separated; empty: every mode this build runs
   std::string capacity;                // e.g. "80GiB"; empty: the trace's, else 80 GiB
   std::string device = "all";          // a snapshot's device index, or "all"

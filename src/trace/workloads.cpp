@@ -98,7 +98,7 @@ class Builder {
 Trace train_step(const WorkloadOptions& options) {
   constexpr std::uint64_t layers = 16, width = 2048, vocab = 50304, heads = 16, batch = 4;
   constexpr std::uint64_t fp32 = 4, bf16 = 2;
-  const std::uint32_t steps = options.steps ? options.steps : 3;
+  const std::uint32_t steps = options.steps;
   Random random(options.seed);
   Builder b("train-step");
 
@@ -220,7 +220,7 @@ Trace llm_inference(const WorkloadOptions& options) {
   constexpr std::uint64_t layers = 32, width = 4096, mlp = 11008, vocab = 32000, bf16 = 2, fp32 = 4;
   constexpr std::uint64_t block_tokens = 16, block_bytes = block_tokens * 2 * width * bf16;
   constexpr std::size_t max_batch = 8;
-  const std::uint32_t requests = options.steps ? options.steps : 32;
+  const std::uint32_t requests = options.steps;
   Random random(options.seed);
   Builder b("llm-inference");
 
@@ -305,7 +305,7 @@ Trace llm_inference(const WorkloadOptions& options) {
 // thousands, a few for most of the run; 1 in 8 is on a second stream.
 // `steps` thousands of tensors (default 100), all freed by the end.
 Trace small_tensors(const WorkloadOptions& options) {
-  const std::uint64_t count = std::uint64_t{options.steps ? options.steps : 100} * 1000;
+  const std::uint64_t count = std::uint64_t{options.steps} * 1000;
   Random random(options.seed);
   Builder b("small-tensors");
   using Due = std::pair<std::uint64_t, std::uint32_t>;  // (free at tensor number, block)
@@ -351,7 +351,7 @@ Trace small_tensors(const WorkloadOptions& options) {
 Trace multi_stream_inference(const WorkloadOptions& options) {
   constexpr std::uint64_t workers = 12, width = 4096, bf16 = 2;
   constexpr std::uint64_t block_sizes[] = {128 * KiB, 384 * KiB, 1 * MiB, 1536 * KiB, 2 * MiB, 3 * MiB, 6 * MiB};
-  const std::uint32_t requests = options.steps ? options.steps : 12;
+  const std::uint32_t requests = options.steps;
   Random random(options.seed);
   Builder b("multi-stream-inference");
   for (int i = 0; i < 32 * 9; ++i) b.alloc(random.between(8, 90) * MiB / 2);  // the weights
@@ -409,7 +409,7 @@ Trace multi_stream_inference(const WorkloadOptions& options) {
 // gradient buckets and workspaces of varying size in between.
 // `steps` is the training steps (default 12).
 Trace near_capacity(const WorkloadOptions& options) {
-  const std::uint32_t steps = options.steps ? options.steps : 12;
+  const std::uint32_t steps = options.steps;
   constexpr std::uint64_t limit = 60 * GiB;
   Random random(options.seed);
   Builder b("near-capacity");
@@ -454,7 +454,7 @@ Trace near_capacity(const WorkloadOptions& options) {
 // sizes log-uniform in [256 B, 64 MiB]. `steps` thousands of operations
 // (default 1,000: a million).
 Trace random_mixed(const WorkloadOptions& options) {
-  const std::uint64_t operations = std::uint64_t{options.steps ? options.steps : 1000} * 1000;
+  const std::uint64_t operations = std::uint64_t{options.steps} * 1000;
   constexpr std::size_t max_live = 512;
   Random random(options.seed);
   Builder b("random-mixed");
@@ -479,30 +479,54 @@ Trace random_mixed(const WorkloadOptions& options) {
 
 const std::vector<WorkloadInfo>& workloads() {
   static const std::vector<WorkloadInfo> list{
-      {"train-step", "transformer training steps (0.9 B parameters, AdamW, mixed precision): long-lived "
-                     "weights and optimizer state, activations saved layer by layer and freed in reverse"},
-      {"llm-inference", "7B-class LLM serving 32 requests, 8 at a time, with a KV cache of 16-token blocks "
-                        "that grows with each sequence"},
-      {"small-tensors", "100,000 tensors of 4 B to 32 MiB with short, medium and long lifetimes on two streams"},
-      {"multi-stream-inference", "an inference server on 12 streams: KV-cache blocks of 128 KiB to 6 MiB by "
-                                 "request, half of them freed on another stream than their alloc"},
-      {"near-capacity", "training steps whose large activations of changing sizes bring live bytes to 95-99% "
-                        "of the default limit (60 GiB of an 80 GiB device)"},
-      {"random-mixed", "a million allocs and frees, sizes log-uniform from 256 B to 64 MiB, at most 512 live"},
+      {"train-step",
+       "transformer training steps (0.9 B parameters, AdamW, mixed precision): long-lived "
+       "weights and optimizer state, activations saved layer by layer and freed in reverse",
+       3, "training steps"},
+      {"llm-inference",
+       "7B-class LLM serving 32 requests, 8 at a time, with a KV cache of 16-token blocks "
+       "that grows with each sequence",
+       32, "requests"},
+      {"small-tensors", "100,000 tensors of 4 B to 32 MiB with short, medium and long lifetimes on two streams",
+       100, "thousands of tensors"},
+      {"multi-stream-inference",
+       "an inference server on 12 streams: KV-cache blocks of 128 KiB to 6 MiB by "
+       "request, half of them freed on another stream than their alloc",
+       12, "requests per worker"},
+      {"near-capacity",
+       "training steps whose large activations of changing sizes bring live bytes to 95-99% "
+       "of the default limit (60 GiB of an 80 GiB device)",
+       12, "training steps"},
+      {"random-mixed", "a million allocs and frees, sizes log-uniform from 256 B to 64 MiB, at most 512 live",
+       1000, "thousands of operations"},
   };
   return list;
 }
 
 Expected<Trace> make_workload(std::string_view name, const WorkloadOptions& options) {
-  if (name == "train-step") return train_step(options);
-  if (name == "llm-inference") return llm_inference(options);
-  if (name == "small-tensors") return small_tensors(options);
-  if (name == "multi-stream-inference") return multi_stream_inference(options);
-  if (name == "near-capacity") return near_capacity(options);
-  if (name == "random-mixed") return random_mixed(options);
-  std::string known;
-  for (const WorkloadInfo& info : workloads()) known += (known.empty() ? "" : ", ") + std::string{info.name};
-  return Error(Errc::invalid_argument, "unknown workload '" + std::string{name} + "' (known: " + known + ")");
+  const auto& list = workloads();
+  const auto info = std::find_if(list.begin(), list.end(), [name](const WorkloadInfo& w) { return w.name == name; });
+  if (info == list.end()) {
+    std::string known;
+    for (const WorkloadInfo& w : list) known += (known.empty() ? "" : ", ") + std::string{w.name};
+    return Error(Errc::invalid_argument, "unknown workload '" + std::string{name} + "' (known: " + known + ")");
+  }
+  const std::uint32_t most = kMaxStepsFactor * info->default_steps;
+  if (options.steps > most) {
+    return Error(Errc::invalid_argument,
+                 "workload '" + std::string{name} + "': steps " + std::to_string(options.steps) + " is more than " +
+                     std::to_string(kMaxStepsFactor) + " times its default of " +
+                     std::to_string(info->default_steps) + " " + std::string{info->steps_are} +
+                     "; allowed: 1 to " + std::to_string(most) + " (0: the default)");
+  }
+  WorkloadOptions sized = options;
+  if (sized.steps == 0) sized.steps = info->default_steps;
+  if (name == "train-step") return train_step(sized);
+  if (name == "llm-inference") return llm_inference(sized);
+  if (name == "small-tensors") return small_tensors(sized);
+  if (name == "multi-stream-inference") return multi_stream_inference(sized);
+  if (name == "near-capacity") return near_capacity(sized);
+  return random_mixed(sized);
 }
 
 }  // namespace tidepool::trace

@@ -165,6 +165,29 @@ TEST(ReplayCommand, PassesShowTheWarmPool) {
   EXPECT_TRUE(contains(zero.err, "--passes")) << zero.err;
 }
 
+// Other seeds and sizes of the built-in workloads, named apart; a size past
+// the bound is refused before anything runs.
+TEST(ReplayCommand, CompareTakesTheWorkloadsSeedAndSize) {
+  const std::string json_path = temp_path("seeded.json");
+  CliResult result = run_cli({"compare", "-q", "--modes", "growth", "--workloads", "train-step", "--seed", "5",
+                              "--steps", "2", "--json", json_path});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  const json report = read_json(json_path);
+  ASSERT_EQ(report["traces"].size(), 1u);
+  EXPECT_EQ(report["traces"][0]["name"], "train-step seed 5 steps 2");
+  CliResult plain = run_cli({"compare", "-q", "--modes", "growth", "--workloads", "train-step", "--json", json_path});
+  ASSERT_EQ(plain.exit_status, 0) << plain.err;
+  const json default_report = read_json(json_path);
+  EXPECT_EQ(default_report["traces"][0]["name"], "train-step");
+  EXPECT_NE(default_report["traces"][0]["events"], report["traces"][0]["events"]);
+
+  CliResult big = run_cli({"compare", "-q", "--workloads", "random-mixed", "--steps", "10001"});
+  EXPECT_NE(big.exit_status, 0);
+  EXPECT_TRUE(contains(big.err, "workload 'random-mixed': steps 10001 is more than 10 times its default of 1000 "
+                                "thousands of operations; allowed: 1 to 10000 (0: the default)"))
+      << big.err;
+}
+
 TEST(ReplayCommand, StatsSideBySideUnderJaxNames) {
   CliResult result = run_cli({"replay", "--stats", "--modes", "growth,expandable", kBcrafton});
   ASSERT_EQ(result.exit_status, 0) << result.err;

@@ -153,5 +153,25 @@ TEST(Workloads, StepsScaleTheWork) {
   EXPECT_EQ(make("small-tensors", 1, 3).num_blocks, 3000u);
 }
 
+// 0 steps is the default size; at most kMaxStepsFactor times it, so that no
+// option makes a trace (and its replay) unbounded.
+TEST(Workloads, StepsDefaultAndBound) {
+  for (const WorkloadInfo& info : workloads()) {
+    SCOPED_TRACE(info.name);
+    EXPECT_GT(info.default_steps, 0u);
+    EXPECT_FALSE(info.steps_are.empty());
+    EXPECT_TRUE(same_events(make(info.name, 3, 0), make(info.name, 3, info.default_steps)));
+    WorkloadOptions options;
+    options.steps = kMaxStepsFactor * info.default_steps + 1;
+    auto refused = make_workload(info.name, options);
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().code(), Errc::invalid_argument);
+    EXPECT_THAT(refused.error().message(),
+                HasSubstr("steps " + std::to_string(options.steps) + " is more than 10 times its default of " +
+                          std::to_string(info.default_steps) + " " + std::string(info.steps_are) +
+                          "; allowed: 1 to " + std::to_string(options.steps - 1)));
+  }
+}
+
 }  // namespace
 }  // namespace tidepool::trace
