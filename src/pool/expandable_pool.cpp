@@ -183,6 +183,7 @@ void ExpandablePool::State::unback(const Space& space, std::uintptr_t base, std:
 void ExpandablePool::State::free_large(const Held& block) noexcept {
   // The block is live in the arena (deallocate checked), so this cannot fail.
   (void)large.free(block.ptr, block.stream);
+  if (!exact) return;  // lazy: the granule table is rebuilt when needed
   const auto base = reinterpret_cast<std::uintptr_t>(block.ptr);
   unback(*space_of(base), base, block.bytes, block.stream);
 }
@@ -356,14 +357,16 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
       if (s.held[i].bytes == rounded && s.held[i].stream == stream) {
         void* ptr = s.held[i].ptr;
         s.held.erase(s.held.begin() + static_cast<std::ptrdiff_t>(i));
-        s.hold_back.hit();
+        s.hold_back.asked(true);
         s.usage.allocated(rounded);
         return ptr;
       }
     }
     s.complete_held();  // so the arena places this block knowing all free space
-  } else if (!small && s.exact && s.hold_back.sampling()) {  // lazy frees note nothing
-    s.hold_back.asked(rounded, stream);
+  }
+  if (!small && tag == nullptr && s.holds_back()) {
+    if (s.hold_back.sampling()) s.hold_back.sample(rounded, stream);
+    s.hold_back.asked(false);
   }
 
   Expected<pool::PlacedBlock> block = arena.allocate(rounded, stream, s.placement_cost);
@@ -407,7 +410,7 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
                                             "address space)");
   }
   if (space->tag != pool::kUntagged) return s.free_tagged(*space, ptr, stream);
-  if (s.exact && !space->small && s.holds_back()) {
+  if (!space->small && s.holds_back()) {
     if (s.hold_back.hold_next()) {
       const std::size_t bytes = s.large.live_size(ptr);
       if (bytes != 0 && !s.is_held(ptr)) {
@@ -429,8 +432,8 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   if (!freed) return std::move(freed).error();
   s.note_free(stream);
   s.usage.freed(*freed);
-  if (!s.exact) return {};  // lazy: the granule table is rebuilt when needed
   if (!space->small && s.hold_back.sampling()) s.hold_back.freed(*freed, stream);
+  if (!s.exact) return {};  // lazy: the granule table is rebuilt when needed
   s.unback(*space, address, *freed, stream);
   if (s.free_granule_bytes() > s.options.release_threshold) s.release_free(s.options.release_threshold);
   return {};

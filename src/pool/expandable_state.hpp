@@ -72,22 +72,36 @@ inline constexpr std::size_t kHeldBlocks = 16;
 /// frees. Once it stops, it samples a window every kRetry large frees: it
 /// notes the sizes freed, without holding them, and holds again if enough
 /// of them were asked for again (a sample changes no placement).
+///
+/// Where a block goes must depend on what the program did, never on the
+/// pool's own state, or a program repeating itself is placed elsewhere than
+/// the last time and maps what it did not need then. So blocks are held
+/// back alike whether the granule table is exact or lazy, and more than
+/// kHeldBlocks large frees in a row with no large request between them are
+/// a teardown (the end of a step or a phase, a model freed): the blocks
+/// held are freed in full, nothing more is held until the next request, and
+/// those frees count in no window. A teardown neither leaves blocks held
+/// for the next phase nor turns holding off.
 class HoldBack {
  public:
   static constexpr std::uint32_t kWindow = 256;
   static constexpr std::uint32_t kRetry = 16 * kWindow;
   /// A large block is freed: whether to hold it back.
   bool hold_next() noexcept {
+    if (++frees_in_row_ > kHeldBlocks) return false;
     if (++frees_ == (mode_ == Mode::skip ? kRetry : kWindow)) next_window();
     return mode_ == Mode::hold;
   }
-  /// A held block was asked for again.
-  void hit() noexcept { ++hits_; }
+  /// A large block is asked for; `hit`: a held block served it.
+  void asked(bool hit) noexcept {
+    frees_in_row_ = 0;
+    if (hit) ++hits_;
+  }
   /// While sampling: a large block of `bytes` was freed on `stream`, and one
   /// of `bytes` is asked for on `stream`.
   bool sampling() const noexcept { return mode_ == Mode::sample; }
   void freed(std::size_t bytes, Stream stream) noexcept { recent_[next_++ % recent_.size()] = {bytes, stream}; }
-  void asked(std::size_t bytes, Stream stream) noexcept {
+  void sample(std::size_t bytes, Stream stream) noexcept {
     for (Freed& block : recent_) {
       if (block.bytes == bytes && block.stream == stream) {
         block.bytes = 0;
@@ -109,8 +123,9 @@ class HoldBack {
     Stream stream = 0;
   };
   Mode mode_ = Mode::hold;
-  std::uint32_t frees_ = 0;  // large frees in this window
+  std::uint32_t frees_ = 0;         // large frees in this window, a teardown's not counted
   std::uint32_t hits_ = 0;
+  std::uint32_t frees_in_row_ = 0;  // large frees since the last large request
   std::array<Freed, kHeldBlocks> recent_{};  // while sampling: the last large blocks freed
   std::size_t next_ = 0;
 };
@@ -216,7 +231,8 @@ struct ExpandablePool::State {
   }
   // Lazy mode. Once the pool has served kQuietAllocations in a row from
   // mapped memory, the granule table stops following blocks: a free touches
-  // only the arena, an allocation only checks that its granules are mapped.
+  // only the arena (or is held back, as when exact), an allocation only
+  // checks that its granules are mapped.
   // Whatever needs to know which granules are free (a block that needs
   // memory, a release, stats) first rebuilds the table from the arenas'
   // chunks (sync_granules), and the pool follows blocks again until it is
@@ -235,7 +251,6 @@ struct ExpandablePool::State {
     if (++quiet_allocations >= expandable::kWarmAllocations) warm = true;
     if (quiet_allocations < expandable::kQuietAllocations) return;
     if (!may_be_lazy()) return;
-    complete_held();
     exact = false;
   }
   /// Makes the granule table follow every block again: every mapped

@@ -655,19 +655,24 @@ TEST(ExpandablePool, StatsAndDumpLeaveHeldBlocksHeld) {
 
 // Holding back pays only where sizes repeat: after a window of large frees
 // that nobody asks for again, blocks are freed at once; sampled later, a
-// program that asks for the sizes it frees gets them held again.
+// program that asks for the sizes it frees gets them held again. Each free
+// here follows a request, as in a running program (see the teardown below).
 TEST(HoldBack, StopsWhereSizesDoNotRepeatAndResumesWhereTheyDo) {
   using expandable::HoldBack;
   HoldBack hold;
   constexpr Stream kStream = 3;
+  const auto free_after_a_miss = [&hold] {
+    hold.asked(false);
+    return hold.hold_next();
+  };
   // A window of frees that nobody asks for again (its last free is the
   // first judged).
-  for (std::uint32_t i = 1; i < HoldBack::kWindow; ++i) ASSERT_TRUE(hold.hold_next()) << i;
-  EXPECT_FALSE(hold.hold_next());
+  for (std::uint32_t i = 1; i < HoldBack::kWindow; ++i) ASSERT_TRUE(free_after_a_miss()) << i;
+  EXPECT_FALSE(free_after_a_miss());
   // Skipped until the next sample, which holds nothing either.
-  for (std::uint32_t i = 1; i < HoldBack::kRetry; ++i) ASSERT_FALSE(hold.hold_next()) << i;
+  for (std::uint32_t i = 1; i < HoldBack::kRetry; ++i) ASSERT_FALSE(free_after_a_miss()) << i;
   EXPECT_FALSE(hold.sampling());
-  EXPECT_FALSE(hold.hold_next());
+  EXPECT_FALSE(free_after_a_miss());
   EXPECT_TRUE(hold.sampling());
   // A sample is judged as holding would be: a hit is a size freed on a
   // stream and asked for again on it, once. 31 hits in 256: skipped again.
@@ -675,27 +680,124 @@ TEST(HoldBack, StopsWhereSizesDoNotRepeatAndResumesWhereTheyDo) {
     for (std::uint32_t i = 1; i < HoldBack::kWindow; ++i) {
       if (hold.hold_next()) return false;
       hold.freed(i * MiB, kStream);
-      hold.asked(i * MiB, kStream + 1);
-      hold.asked(i * MiB + 256, kStream);
-      for (int twice = 0; twice < 2 && i <= hits; ++twice) hold.asked(i * MiB, kStream);
+      hold.sample(i * MiB, kStream + 1);
+      hold.sample(i * MiB + 256, kStream);
+      for (int twice = 0; twice < 2 && i <= hits; ++twice) hold.sample(i * MiB, kStream);
+      hold.asked(false);
     }
     return true;
   };
   ASSERT_TRUE(sample(HoldBack::kWindow / 8 - 1));
   EXPECT_FALSE(hold.hold_next());
   EXPECT_FALSE(hold.sampling());
-  for (std::uint32_t i = 1; i < HoldBack::kRetry; ++i) ASSERT_FALSE(hold.hold_next()) << i;
-  EXPECT_FALSE(hold.hold_next());
+  for (std::uint32_t i = 1; i < HoldBack::kRetry; ++i) ASSERT_FALSE(free_after_a_miss()) << i;
+  EXPECT_FALSE(free_after_a_miss());
   EXPECT_TRUE(hold.sampling());
   ASSERT_TRUE(sample(HoldBack::kWindow / 8));
   EXPECT_TRUE(hold.hold_next());  // 1/8 of the sample was asked for again
   EXPECT_FALSE(hold.sampling());
   // Holding, with fewer hits than 1/8: skipped again.
   for (std::uint32_t i = 1; i < HoldBack::kWindow; ++i) {
+    hold.asked(i % 9 == 0);
     ASSERT_TRUE(hold.hold_next()) << i;
-    if (i % 9 == 0) hold.hit();
   }
+  hold.asked(false);
   EXPECT_FALSE(hold.hold_next());
+}
+
+// More than kHeldBlocks large frees in a row with no request between them
+// are a teardown (the end of a step or of a program's pass over its data):
+// nothing more is held, and those frees count in no window, so a long
+// teardown (here 16 windows of frees nobody asks for again) leaves holding
+// on for the next phase. A pool that went on judging them would stop
+// holding there, and place the next phase's blocks elsewhere than the last.
+TEST(HoldBack, ATeardownHoldsNothingAndCountsInNoWindow) {
+  using expandable::HoldBack;
+  HoldBack hold;
+  for (std::uint32_t i = 0; i < expandable::kHeldBlocks; ++i) ASSERT_TRUE(hold.hold_next()) << i;
+  for (std::uint32_t i = 0; i < 16 * HoldBack::kWindow; ++i) ASSERT_FALSE(hold.hold_next()) << i;
+  // The next phase finds holding on. Its first window is the 16 frees
+  // above and those after them, each after a request, 1 in 7 of them asked
+  // for again: enough to go on holding.
+  hold.asked(false);
+  ASSERT_TRUE(hold.hold_next());
+  for (std::uint32_t i = 1; i < HoldBack::kWindow - expandable::kHeldBlocks - 1; ++i) {
+    hold.asked(i % 7 == 0);
+    ASSERT_TRUE(hold.hold_next()) << i;
+  }
+  hold.asked(false);
+  EXPECT_TRUE(hold.hold_next());  // judged: 34 hits in 256 frees
+}
+
+// At the pool: a teardown (every block of a step freed, here 24) leaves
+// nothing held, so the next step starts as this one did; and blocks are
+// held back whether or not the granule table follows every block (lazy
+// mode), so where a block goes does not depend on it.
+TEST(ExpandablePool, ATeardownLeavesNothingHeldAndLazyModeHoldsAsExactModeDoes) {
+  auto counting = std::make_shared<SyncCountingDevice>(host_device(512 * MiB));
+  auto pool = expandable(counting);
+  std::vector<void*> step;
+  for (int i = 0; i < 24; ++i) step.push_back(must_allocate(*pool, (4 + i % 3) * MiB));
+  for (void* block : step) ASSERT_TRUE(pool->deallocate(block));
+  EXPECT_EQ(pool->dump().find("held back"), std::string::npos) << pool->dump();
+  // The same step again lands where it did, on mapped memory.
+  const std::int64_t maps = pool->stats().num_maps;
+  for (int i = 0; i < 24; ++i) {
+    void* block = must_allocate(*pool, (4 + i % 3) * MiB);
+    EXPECT_EQ(block, step[i]) << i;
+  }
+  EXPECT_EQ(pool->stats().num_maps, maps);
+  // Lazy: enough allocations served from mapped memory (a granule of small
+  // blocks, mapped once) that frees leave the granule table alone (dump()
+  // below makes it exact again, so it comes last).
+  void* small = must_allocate(*pool, 64 * KiB);
+  for (std::uint32_t i = 0; i <= expandable::kQuietAllocations; ++i) {
+    ASSERT_TRUE(pool->deallocate(must_allocate(*pool, 64 * KiB)));
+  }
+  void* held = step[6];
+  ASSERT_TRUE(pool->deallocate(held));
+  EXPECT_NE(pool->dump().find("held back (freed, counted free; live above until the same request or another "
+                              "needs them): 1 block"),
+            std::string::npos)
+      << pool->dump();
+  EXPECT_EQ(must_allocate(*pool, 4 * MiB), held);
+  EXPECT_EQ(pool->stats().num_maps, maps + 1);
+  for (void* block : step) ASSERT_TRUE(pool->deallocate(block));
+  ASSERT_TRUE(pool->deallocate(small));
+  EXPECT_EQ(counting->total_calls(), 0);
+}
+
+// Where a block goes depends on what the program did, never on whether the
+// granule table follows every block (exact) or, once the pool is quiet, not
+// (lazy): the same program is placed the same way in both. Three 8 MiB
+// blocks are freed: E between live blocks, then B and A, side by side; 8
+// MiB asked for again gets A, held back, in either mode. (A pool that held
+// large frees back only while exact gave A there and E, the arena's best
+// fit, once lazy, and a repeated program drifted.)
+TEST(ExpandablePool, WhereABlockGoesDoesNotDependOnTheGranuleTablesMode) {
+  struct Placed {
+    std::ptrdiff_t again;  // the block asked for again, from the first block
+    std::string dump;
+  };
+  const auto run = [](bool lazy) {
+    auto pool = expandable(host_device(256 * MiB));
+    std::vector<void*> blocks;  // keep, E, keep, A, B, keep
+    for (int i = 0; i < 6; ++i) blocks.push_back(must_allocate(*pool, 8 * MiB));
+    void* small = must_allocate(*pool, 64 * KiB);
+    for (std::uint32_t i = 0; lazy && i <= expandable::kQuietAllocations; ++i) {
+      EXPECT_TRUE(pool->deallocate(must_allocate(*pool, 64 * KiB)));
+    }
+    for (int i : {1, 4, 3}) EXPECT_TRUE(pool->deallocate(blocks[i]));
+    void* again = must_allocate(*pool, 8 * MiB);
+    Placed placed{static_cast<char*>(again) - static_cast<char*>(blocks[0]), pool->dump()};
+    for (void* block : {blocks[0], blocks[2], blocks[5], again, small}) EXPECT_TRUE(pool->deallocate(block));
+    return placed;
+  };
+  const Placed exact = run(false), lazy = run(true);
+  EXPECT_NE(exact.dump.find("rebuilt from the arenas 0 times"), std::string::npos) << exact.dump;
+  EXPECT_NE(lazy.dump.find("rebuilt from the arenas 1 times"), std::string::npos) << lazy.dump;
+  EXPECT_EQ(exact.again, static_cast<std::ptrdiff_t>(24 * MiB));  // A
+  EXPECT_EQ(lazy.again, exact.again);
 }
 
 TEST(ExpandablePool, LargeBlocksHeldBackOnFreeAreFreeToEveryoneElse) {
