@@ -475,58 +475,75 @@ Trace random_mixed(const WorkloadOptions& options) {
   return b.take();
 }
 
-}  // namespace
+/// A built-in workload: what workloads() lists, and the function that makes it.
+struct Builtin {
+  WorkloadInfo info;
+  Trace (*make)(const WorkloadOptions&);  // options.steps already resolved (not 0)
+};
 
-const std::vector<WorkloadInfo>& workloads() {
-  static const std::vector<WorkloadInfo> list{
-      {"train-step",
-       "transformer training steps (0.9 B parameters, AdamW, mixed precision): long-lived "
-       "weights and optimizer state, activations saved layer by layer and freed in reverse",
-       3, "training steps"},
-      {"llm-inference",
-       "7B-class LLM serving 32 requests, 8 at a time, with a KV cache of 16-token blocks "
-       "that grows with each sequence",
-       32, "requests"},
-      {"small-tensors", "100,000 tensors of 4 B to 32 MiB with short, medium and long lifetimes on two streams",
-       100, "thousands of tensors"},
-      {"multi-stream-inference",
-       "an inference server on 12 streams: KV-cache blocks of 128 KiB to 6 MiB by "
-       "request, half of them freed on another stream than their alloc",
-       12, "requests per worker"},
-      {"near-capacity",
-       "training steps whose large activations of changing sizes bring live bytes to 95-99% "
-       "of the default limit (60 GiB of an 80 GiB device)",
-       12, "training steps"},
-      {"random-mixed", "a million allocs and frees, sizes log-uniform from 256 B to 64 MiB, at most 512 live",
-       1000, "thousands of operations"},
+const std::vector<Builtin>& builtins() {
+  static const std::vector<Builtin> list{
+      {{"train-step",
+        "transformer training steps (0.9 B parameters, AdamW, mixed precision): long-lived "
+        "weights and optimizer state, activations saved layer by layer and freed in reverse",
+        3, "training steps"},
+       train_step},
+      {{"llm-inference",
+        "7B-class LLM serving 32 requests, 8 at a time, with a KV cache of 16-token blocks "
+        "that grows with each sequence",
+        32, "requests"},
+       llm_inference},
+      {{"small-tensors", "100,000 tensors of 4 B to 32 MiB with short, medium and long lifetimes on two streams",
+        100, "thousands of tensors"},
+       small_tensors},
+      {{"multi-stream-inference",
+        "an inference server on 12 streams: KV-cache blocks of 128 KiB to 6 MiB by "
+        "request, half of them freed on another stream than their alloc",
+        12, "requests per worker"},
+       multi_stream_inference},
+      {{"near-capacity",
+        "training steps whose large activations of changing sizes bring live bytes to 95-99% "
+        "of the default limit (60 GiB of an 80 GiB device)",
+        12, "training steps"},
+       near_capacity},
+      {{"random-mixed", "a million allocs and frees, sizes log-uniform from 256 B to 64 MiB, at most 512 live",
+        1000, "thousands of operations"},
+       random_mixed},
   };
   return list;
 }
 
+}  // namespace
+
+const std::vector<WorkloadInfo>& workloads() {
+  static const std::vector<WorkloadInfo> list = [] {
+    std::vector<WorkloadInfo> infos;
+    for (const Builtin& builtin : builtins()) infos.push_back(builtin.info);
+    return infos;
+  }();
+  return list;
+}
+
 Expected<Trace> make_workload(std::string_view name, const WorkloadOptions& options) {
-  const auto& list = workloads();
-  const auto info = std::find_if(list.begin(), list.end(), [name](const WorkloadInfo& w) { return w.name == name; });
-  if (info == list.end()) {
+  const auto& list = builtins();
+  const auto found = std::find_if(list.begin(), list.end(), [name](const Builtin& b) { return b.info.name == name; });
+  if (found == list.end()) {
     std::string known;
-    for (const WorkloadInfo& w : list) known += (known.empty() ? "" : ", ") + std::string{w.name};
+    for (const Builtin& b : list) known += (known.empty() ? "" : ", ") + std::string{b.info.name};
     return Error(Errc::invalid_argument, "unknown workload '" + std::string{name} + "' (known: " + known + ")");
   }
-  const std::uint32_t most = kMaxStepsFactor * info->default_steps;
+  const WorkloadInfo& info = found->info;
+  const std::uint32_t most = kMaxStepsFactor * info.default_steps;
   if (options.steps > most) {
     return Error(Errc::invalid_argument,
                  "workload '" + std::string{name} + "': steps " + std::to_string(options.steps) + " is more than " +
                      std::to_string(kMaxStepsFactor) + " times its default of " +
-                     std::to_string(info->default_steps) + " " + std::string{info->steps_are} +
+                     std::to_string(info.default_steps) + " " + std::string{info.steps_are} +
                      "; allowed: 1 to " + std::to_string(most) + " (0: the default)");
   }
   WorkloadOptions sized = options;
-  if (sized.steps == 0) sized.steps = info->default_steps;
-  if (name == "train-step") return train_step(sized);
-  if (name == "llm-inference") return llm_inference(sized);
-  if (name == "small-tensors") return small_tensors(sized);
-  if (name == "multi-stream-inference") return multi_stream_inference(sized);
-  if (name == "near-capacity") return near_capacity(sized);
-  return random_mixed(sized);
+  if (sized.steps == 0) sized.steps = info.default_steps;
+  return found->make(sized);
 }
 
 }  // namespace tidepool::trace
