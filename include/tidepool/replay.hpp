@@ -314,6 +314,9 @@ struct TraceReplay {
   /// Every block's lifetime, for traces of at most kMaxLifetimes blocks
   /// (empty above): the Perfetto report draws one slice each.
   std::vector<Lifetime> lifetimes;
+  /// The address footprint of plan_placement(): about the least memory that
+  /// serves the trace with no block moved; nullopt when it gave up (its work bound).
+  std::optional<std::uint64_t> planned_footprint_bytes;
   bool timed = false;                 // series x and averages use time_us (else event index)
   double mem_fraction = 0;            // the Config's fraction the pools were built with
   std::vector<ModeReplay> modes;
@@ -339,6 +342,30 @@ struct MinCapacity {
 };
 Expected<MinCapacity> find_min_capacity(const Trace& trace, Mode mode, std::size_t upper_bytes,
                                         const ReplayOptions& options);
+
+/// Addresses that `plan_placement` aligns blocks to (and rounds their sizes
+/// up to), as the pools do.
+inline constexpr std::uint64_t kPlanAlignment = 256;
+/// The work `plan_placement` does at most by default: lifetimes visited (a
+/// few to tens of nanoseconds each), so about a second at worst.
+inline constexpr std::uint64_t kMaxPlanWork = std::uint64_t{1} << 26;
+
+/// Where a placement that knows every lifetime ahead puts each block.
+struct PlannedPlacement {
+  std::vector<std::uint64_t> offsets;  // per block, from the plan's base
+  std::vector<std::uint64_t> bytes;    // per block, rounded up to kPlanAlignment
+  std::vector<std::uint32_t> ends;     // per block: the allocations made before its free (num_blocks: never freed)
+  std::uint64_t footprint_bytes = 0;   // the highest offset + bytes: the address span the plan needs
+};
+
+/// Plans `trace` offline, greedy by size (largest first, each at the lowest
+/// address free over its whole lifetime): the address footprint a planner
+/// reaches, and so about the least memory that serves the trace with no block
+/// ever moved (docs/replay.md, "A plan knowing every lifetime"). Streams are
+/// not modelled. nullopt when planning would visit more than `max_work`
+/// lifetimes (many blocks live at once over long spans): bounded time on any
+/// trace. Precondition: summarize(trace) succeeds.
+std::optional<PlannedPlacement> plan_placement(const Trace& trace, std::uint64_t max_work = kMaxPlanWork);
 
 /// Replays `trace` under each of `modes` and, where it has segment events,
 /// adds the recorded row.

@@ -37,6 +37,11 @@ TableText table_text(const trace::TraceReplay& replay) {
   }
   table.heading += fmt::format("; device {}, fraction {:.2f}; peak live {}", bytes_text(capacity),
                                replay.mem_fraction, bytes_text(replay.peak_live_bytes));
+  if (replay.planned_footprint_bytes && replay.peak_live_bytes != 0) {
+    table.heading += fmt::format(" (planned: {}, {:.3f}x)", bytes_text(*replay.planned_footprint_bytes),
+                                 static_cast<double>(*replay.planned_footprint_bytes) /
+                                     static_cast<double>(replay.peak_live_bytes));
+  }
   // With several passes, device calls and ns/op are the last pass's: the warm pool.
   const std::size_t passes = replay.modes.empty() ? 1 : replay.modes.front().passes.size();
   if (passes > 1) {

@@ -59,6 +59,9 @@ TEST(ReplayCommand, EveryModeOnARealSnapshot) {
   EXPECT_EQ(trace["seeded_blocks"], 447);
   EXPECT_EQ(trace["seeded_bytes"], 3064418304u);
   EXPECT_EQ(trace["peak_live_bytes"], 3849232640u);
+  // A plan knowing every lifetime needs 1.006x the peak, in the heading and the JSON.
+  EXPECT_EQ(trace["planned_footprint_bytes"], 3872831744u);
+  EXPECT_TRUE(contains(result.out, "peak live 3.58 GiB (planned: 3.61 GiB, 1.006x)")) << result.out;
   ASSERT_EQ(trace["modes"].size(), 4u);
   const std::uint64_t peak_live = trace["modes"][0]["peak_live_bytes"];
   EXPECT_EQ(peak_live, 3849232640u);
