@@ -346,9 +346,10 @@ Expected<MinCapacity> find_min_capacity(const Trace& trace, Mode mode, std::size
 /// Addresses that `plan_placement` aligns blocks to (and rounds their sizes
 /// up to), as the pools do.
 inline constexpr std::uint64_t kPlanAlignment = 256;
-/// The work `plan_placement` does at most by default: lifetimes visited (a
-/// few to tens of nanoseconds each), so about a second at worst.
-inline constexpr std::uint64_t kMaxPlanWork = std::uint64_t{1} << 26;
+/// The work `plan_placement` does at most by default, in address ranges
+/// visited or moved (a few to tens of nanoseconds each): seconds at worst.
+/// The built-in workloads take up to 2^28.4 (small-tensors, 2 s here).
+inline constexpr std::uint64_t kMaxPlanWork = std::uint64_t{1} << 29;
 
 /// Where a placement that knows every lifetime ahead puts each block.
 struct PlannedPlacement {
@@ -361,10 +362,11 @@ struct PlannedPlacement {
 /// Plans `trace` offline, greedy by size (largest first, each at the lowest
 /// address free over its whole lifetime): the address footprint a planner
 /// reaches, and so about the least memory that serves the trace with no block
-/// ever moved (docs/replay.md, "A plan knowing every lifetime"). Streams are
-/// not modelled. nullopt when planning would visit more than `max_work`
-/// lifetimes (many blocks live at once over long spans): bounded time on any
-/// trace. Precondition: summarize(trace) succeeds.
+/// ever moved (docs/replay.md, the heading's "planned"). Streams are not
+/// modelled. nullopt when planning would take more than `max_work` (address
+/// ranges visited or moved): bounded time on any trace; or when the sizes,
+/// rounded up, add up past 64 bits. Precondition:
+/// summarize(trace) succeeds.
 std::optional<PlannedPlacement> plan_placement(const Trace& trace, std::uint64_t max_work = kMaxPlanWork);
 
 /// Replays `trace` under each of `modes` and, where it has segment events,
