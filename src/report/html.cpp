@@ -123,7 +123,9 @@ Json chart_data(std::span<const trace::TraceReplay> replays) {
                           {"lines", std::move(lines)},
                           {"ratios", std::move(ratio_lines)},
                           {"mode_marks", std::move(mode_marks)},
-                          {"failures", marks(replay.failures, origin)}});
+                          {"failures", marks(replay.failures, origin)},
+                          {"planned", replay.planned_footprint_bytes ? Json(*replay.planned_footprint_bytes)
+                                                                     : Json(nullptr)}});
   }
   return charts;
 }
@@ -273,6 +275,15 @@ constexpr const char* kPageScript = R"(<script>
                      data: trace.failures.map(function (f) {
                        return {x: f.x, y: valueAt(live, f.x) / gib, bytes: f.bytes};
                      })});
+    }
+    // The plan's footprint (knowing every lifetime, nothing moved): a level
+    // across the live line's span.
+    var last = trace.lines[trace.lines.length - 1];
+    if (trace.planned !== null && last && last.live && last.x.length > 0) {
+      datasets.push({label: 'planned (every lifetime known)', stepped: false, pointRadius: 0, fill: false,
+                     borderColor: '#7f7f7f', backgroundColor: '#7f7f7f', borderWidth: 1.5, borderDash: [2, 4],
+                     data: [{x: last.x[0], y: trace.planned / gib},
+                            {x: last.x[last.x.length - 1], y: trace.planned / gib}]});
     }
     var tooltip = {callbacks: {
       title: function (items) { return items.length ? (trace.timed ? timeText(items[0].parsed.x) : 'event ' + items[0].parsed.x) : ''; },

@@ -201,6 +201,10 @@ TEST(ReplayHtml, IsSelfContained) {
   EXPECT_NE(page->find("id=\"reset-zoom\""), std::string::npos);
   EXPECT_NE(page->find("Each pool's stats after the last event"), std::string::npos);
   EXPECT_NE(page->find("<td>num_allocs</td>"), std::string::npos) << "the --stats table";
+  // The plan's footprint: in the heading and a level on the chart.
+  ASSERT_TRUE(replay.planned_footprint_bytes);
+  EXPECT_NE(page->find("(planned: "), std::string::npos);
+  EXPECT_NE(page->find("\"planned\":" + std::to_string(*replay.planned_footprint_bytes)), std::string::npos);
 }
 
 TEST(WriteFile, ErrorsNameThePath) {
