@@ -105,8 +105,8 @@ class LifetimeTree {
       std::pop_heap(cursors_.begin(), cursors_.end(), std::greater<>{});
       Cursor& cursor = cursors_.back();
       const RangeSet& set = *sets_[cursor.set];
-      if (cursor.start >= offset + bytes && set.end(cursor.at) > offset) break;  // the lowest start is above: fits
-      if (set.end(cursor.at) > offset) offset = set.end(cursor.at);              // blocks: step past it
+      if (cursor.start >= offset + bytes) break;                     // the lowest start is above: fits
+      if (set.end(cursor.at) > offset) offset = set.end(cursor.at);  // blocks: step past it
       cursor.at = set.first_ending_after(offset, cursor.at);
       if (cursor.at == set.size()) {
         cursors_.pop_back();
