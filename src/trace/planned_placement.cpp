@@ -1,10 +1,11 @@
 // A placement that knows every lifetime before it places a block: what a
-// planner (XLA's buffer assignment, TFLite's greedy-by-size arena) can reach
-// on a trace, and so about the least memory that serves it with no block moved.
+// planner (XLA's buffer assignment, TFLite's GPU delegate) can reach on a
+// trace, and so about the least memory that serves it with no block moved.
 //
 // Greedy by size: blocks in decreasing size (ties: the earlier first), each at
 // the lowest address where it overlaps no block already placed whose lifetime
-// overlaps its own. Time is the allocation ordinal: block b (blocks are
+// overlaps its own (TFLite's GreedyBySizeAssignment takes the smallest gap
+// instead, which packs looser on these traces: docs/replay.md). Time is the allocation ordinal: block b (blocks are
 // numbered in alloc order) lives over [b, end), end being the number of
 // allocations made before its free (num_blocks when it is never freed), so
 // memory freed before an allocation may serve it. Streams are not modelled.
