@@ -25,7 +25,7 @@ static void check(const char* reader, const tidepool::Expected<tp::Trace>& trace
                  summary.error().message().c_str());
     std::abort();
   }
-  const auto plan = tp::plan_placement(*trace, std::uint64_t{1} << 20);
+  const auto plan = tp::plan_placement(*trace, {.max_work = std::uint64_t{1} << 20});
   if (!plan || plan->offsets.size() > 2000) return;
   for (std::size_t a = 0; a < plan->offsets.size(); ++a) {
     for (std::size_t b = a + 1; b < plan->offsets.size(); ++b) {

@@ -346,10 +346,17 @@ Expected<MinCapacity> find_min_capacity(const Trace& trace, Mode mode, std::size
 /// Addresses that `plan_placement` aligns blocks to (and rounds their sizes
 /// up to), as the pools do.
 inline constexpr std::uint64_t kPlanAlignment = 256;
-/// The work `plan_placement` does at most by default, in address ranges
-/// visited or moved (a few to tens of nanoseconds each): seconds at worst.
-/// The built-in workloads take up to 2^28.4 (small-tensors, 2 s here).
-inline constexpr std::uint64_t kMaxPlanWork = std::uint64_t{1} << 29;
+/// What `plan_placement` may take, so that it is bounded on any trace.
+struct PlanLimits {
+  /// Address ranges visited or moved (a few to tens of nanoseconds each):
+  /// seconds at worst. The built-in workloads take up to 2^28.4
+  /// (small-tensors, 2 s here).
+  std::uint64_t max_work = std::uint64_t{1} << 29;
+  /// Blocks: planning holds two sets of ranges per node of a tree with two
+  /// nodes per block, 100 to 600 bytes a block (random-mixed: 270 MB for
+  /// 500,055 blocks), so at most about 600 MB at this bound.
+  std::uint32_t max_blocks = std::uint32_t{1} << 20;
+};
 
 /// Where a placement that knows every lifetime ahead puts each block.
 struct PlannedPlacement {
@@ -363,11 +370,11 @@ struct PlannedPlacement {
 /// address free over its whole lifetime): the address footprint a planner
 /// reaches, and so about the least memory that serves the trace with no block
 /// ever moved (docs/replay.md, the heading's "planned"). Streams are not
-/// modelled. nullopt when planning would take more than `max_work` (address
-/// ranges visited or moved): bounded time on any trace; or when the sizes,
-/// rounded up, add up past 64 bits. Precondition:
+/// modelled. nullopt when the trace has more blocks than `limits` allow, when
+/// planning would take more work (bounded time and memory on any trace), or
+/// when the sizes, rounded up, add up past 64 bits. Precondition:
 /// summarize(trace) succeeds.
-std::optional<PlannedPlacement> plan_placement(const Trace& trace, std::uint64_t max_work = kMaxPlanWork);
+std::optional<PlannedPlacement> plan_placement(const Trace& trace, const PlanLimits& limits = {});
 
 /// Replays `trace` under each of `modes` and, where it has segment events,
 /// adds the recorded row.

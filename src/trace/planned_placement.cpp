@@ -180,8 +180,9 @@ class LifetimeTree {
 
 }  // namespace
 
-std::optional<PlannedPlacement> plan_placement(const Trace& trace, std::uint64_t max_work) {
+std::optional<PlannedPlacement> plan_placement(const Trace& trace, const PlanLimits& limits) {
   const std::uint32_t blocks = trace.num_blocks;
+  if (blocks > limits.max_blocks) return std::nullopt;
   PlannedPlacement plan;
   plan.offsets.assign(blocks, 0);
   std::vector<std::uint64_t> bytes(blocks, 0);
@@ -210,7 +211,7 @@ std::optional<PlannedPlacement> plan_placement(const Trace& trace, std::uint64_t
     const std::uint32_t finish = std::max(end[block], begin + 1);  // a block freed at once still holds its bytes
     const std::uint64_t offset = live.lowest_fit(begin, finish, bytes[block], work);
     work += live.insert(begin, finish, offset, bytes[block]);
-    if (work > max_work) return std::nullopt;
+    if (work > limits.max_work) return std::nullopt;
     plan.offsets[block] = offset;
     plan.footprint_bytes = std::max(plan.footprint_bytes, offset + bytes[block]);
   }

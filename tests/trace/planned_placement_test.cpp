@@ -121,8 +121,9 @@ TEST(PlannedPlacement, ABlockAllocatedAndFreedAtOnceStillHoldsItsBytes) {
 TEST(PlannedPlacement, TooMuchWorkIsRefusedNotDone) {
   Program program;
   for (int i = 0; i < 1000; ++i) program.alloc(256);  // all live at once, to the end
-  EXPECT_FALSE(plan_placement(program.trace(), 10'000));
-  auto plan = plan_placement(program.trace());
+  EXPECT_FALSE(plan_placement(program.trace(), {.max_work = 10'000}));
+  EXPECT_FALSE(plan_placement(program.trace(), {.max_blocks = 999}));
+  auto plan = plan_placement(program.trace(), {.max_blocks = 1000});
   ASSERT_TRUE(plan);
   EXPECT_EQ(plan->footprint_bytes, 1000u * 256);
 }
