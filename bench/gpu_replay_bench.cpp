@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
     // must have run on memory the driver knows, and a fault names its mode.
     std::optional<trace::TraceReplay> all;
     for (Mode mode : modes) {
+      options.plan = !all;  // the trace's own figures are kept from its first replay
       auto replayed = trace::replay(*loaded, std::span<const Mode>(&mode, 1), options);
       if (!replayed) return fail(path + ": " + replayed.error().message());
       if (cudaError_t error = cudaDeviceSynchronize(); error != cudaSuccess) {

@@ -55,6 +55,9 @@ struct ReplayOptions {
   bool verify_contents = false;
   /// The most points of the downsampled (event or time, live, reserved) series.
   std::size_t max_series_points = 2000;
+  /// Also plan the trace (plan_placement: TraceReplay::planned_footprint_bytes).
+  /// A caller replaying one trace mode by mode plans it once.
+  bool plan = true;
   /// Times the trace is replayed through the same pool (1 to kMaxPasses).
   /// Blocks still live at the end of a pass are freed before the next, so
   /// later passes show the pool warm: ModeReplay::passes has one entry each.
@@ -315,7 +318,7 @@ struct TraceReplay {
   /// (empty above): the Perfetto report draws one slice each.
   std::vector<Lifetime> lifetimes;
   /// The address footprint of plan_placement(): about the least memory that
-  /// serves the trace with no block moved; nullopt when it gave up (its work bound).
+  /// serves the trace with no block moved; nullopt when it gave up (PlanLimits).
   std::optional<std::uint64_t> planned_footprint_bytes;
   bool timed = false;                 // series x and averages use time_us (else event index)
   double mem_fraction = 0;            // the Config's fraction the pools were built with

@@ -80,8 +80,7 @@ Json trace_json(const trace::TraceReplay& replay) {
   out["seeded_blocks"] = replay.seeded_blocks;
   out["seeded_bytes"] = replay.seeded_bytes;
   out["peak_live_bytes"] = replay.peak_live_bytes;
-  out["planned_footprint_bytes"] =
-      replay.planned_footprint_bytes ? Json(*replay.planned_footprint_bytes) : Json(nullptr);
+  out["planned_footprint_bytes"] = figure_json(replay.planned_footprint_bytes);
   out["failed_allocs"] = replay.failed_allocs;
   Json failures = Json::array();
   for (const trace::OomMark& failure : replay.failures) {

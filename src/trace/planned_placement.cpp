@@ -5,10 +5,11 @@
 // Greedy by size: blocks in decreasing size (ties: the earlier first), each at
 // the lowest address where it overlaps no block already placed whose lifetime
 // overlaps its own (TFLite's GreedyBySizeAssignment takes the smallest gap
-// instead, which packs looser on these traces: docs/replay.md). Time is the allocation ordinal: block b (blocks are
-// numbered in alloc order) lives over [b, end), end being the number of
-// allocations made before its free (num_blocks when it is never freed), so
-// memory freed before an allocation may serve it. Streams are not modelled.
+// instead, which packs looser on these traces: docs/replay.md). Time is the
+// allocation ordinal: block b (blocks are numbered in alloc order) lives over
+// [b, end), end being the number of allocations made before its free
+// (num_blocks when it is never freed), so memory freed before an allocation
+// may serve it. Streams are not modelled.
 //
 // Finding that address is a query in two dimensions, time and address. A
 // segment tree over time keeps, at each node, two sets of address ranges
@@ -24,9 +25,9 @@
 #include <algorithm>
 #include <bit>
 #include <compare>
+#include <cstdint>
 #include <functional>
 #include <limits>
-#include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>

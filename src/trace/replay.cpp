@@ -688,7 +688,9 @@ Expected<TraceReplay> replay(const Trace& trace, std::span<const Mode> modes,
   if (!summary) return std::move(summary).error();
   out.peak_live_bytes = summary->peak_live_bytes;
   describe_blocks(trace, out);
-  if (auto plan = plan_placement(trace)) out.planned_footprint_bytes = plan->footprint_bytes;
+  if (options.plan) {
+    if (auto plan = plan_placement(trace)) out.planned_footprint_bytes = plan->footprint_bytes;
+  }
 
   RunFlags flags;
   flags.progress_total = static_cast<std::uint64_t>(trace.events.size()) * modes.size() * options.passes;

@@ -14,25 +14,10 @@
 #include "tidepool/trace_io.hpp"
 #include "tidepool/units.hpp"
 #include "tidepool/workloads.hpp"
+#include "trace/trace_builder.hpp"
 
 namespace tidepool::trace {
 namespace {
-
-class Program {
- public:
-  std::uint32_t alloc(std::uint64_t bytes) {
-    const std::uint32_t block = trace_.num_blocks++;
-    bytes_.push_back(bytes);
-    trace_.events.push_back(Event{Op::alloc, block, bytes, kDefaultStream, -1});
-    return block;
-  }
-  void free(std::uint32_t block) { trace_.events.push_back(Event{Op::free, block, bytes_[block], kDefaultStream, -1}); }
-  const Trace& trace() const { return trace_; }
-
- private:
-  Trace trace_;
-  std::vector<std::uint64_t> bytes_;
-};
 
 /// Fails the test when two blocks live at the same time share an address.
 void expect_no_overlap(const PlannedPlacement& plan) {
@@ -57,7 +42,7 @@ void expect_no_overlap(const PlannedPlacement& plan) {
 }
 
 TEST(PlannedPlacement, BlocksLiveAtOnceAreSideBySideAndTheLargestIsLowest) {
-  Program program;
+  TraceBuilder program;
   const auto small = program.alloc(1000);  // rounded to 1024
   const auto large = program.alloc(4 * MiB);
   program.free(small);
@@ -70,7 +55,7 @@ TEST(PlannedPlacement, BlocksLiveAtOnceAreSideBySideAndTheLargestIsLowest) {
 }
 
 TEST(PlannedPlacement, MemoryFreedBeforeAnAllocationServesIt) {
-  Program program;
+  TraceBuilder program;
   const auto first = program.alloc(8 * MiB);
   program.free(first);
   const auto second = program.alloc(6 * MiB);
@@ -90,7 +75,7 @@ TEST(PlannedPlacement, MemoryFreedBeforeAnAllocationServesIt) {
 // (8 MiB, the peak live). The plan is an upper bound of the best placement,
 // the peak live a lower one.
 TEST(PlannedPlacement, GreedyBySizeIsNotAlwaysTheBest) {
-  Program program;
+  TraceBuilder program;
   const auto a = program.alloc(4 * MiB);
   const auto b = program.alloc(4 * MiB);
   program.free(a);
@@ -110,7 +95,7 @@ TEST(PlannedPlacement, GreedyBySizeIsNotAlwaysTheBest) {
 }
 
 TEST(PlannedPlacement, ABlockAllocatedAndFreedAtOnceStillHoldsItsBytes) {
-  Program program;
+  TraceBuilder program;
   const auto a = program.alloc(0);
   program.free(a);
   auto plan = plan_placement(program.trace());
@@ -119,7 +104,7 @@ TEST(PlannedPlacement, ABlockAllocatedAndFreedAtOnceStillHoldsItsBytes) {
 }
 
 TEST(PlannedPlacement, TooMuchWorkIsRefusedNotDone) {
-  Program program;
+  TraceBuilder program;
   for (int i = 0; i < 1000; ++i) program.alloc(256);  // all live at once, to the end
   EXPECT_FALSE(plan_placement(program.trace(), {.max_work = 10'000}));
   EXPECT_FALSE(plan_placement(program.trace(), {.max_blocks = 999}));
@@ -163,7 +148,7 @@ TEST(PlannedPlacement, TheTreeOfRangesPlacesEveryBlockAsTheBookDoes) {
     return (state >> 33) % bound;
   };
   for (int round = 0; round < 200; ++round) {
-    Program program;
+    TraceBuilder program;
     std::vector<std::uint32_t> live;
     const std::uint64_t sizes[] = {256, 512, 1024, 4096, 100'000, MiB, 3 * MiB};
     const int events = 50 + static_cast<int>(next(400));
@@ -184,10 +169,10 @@ TEST(PlannedPlacement, TheTreeOfRangesPlacesEveryBlockAsTheBookDoes) {
 }
 
 TEST(PlannedPlacement, SizesThatOverflowWhenRoundedAreRefused) {
-  Program program;
+  TraceBuilder program;
   program.alloc(std::numeric_limits<std::uint64_t>::max() - 100);  // rounds past 2^64
   EXPECT_FALSE(plan_placement(program.trace()));
-  Program two;
+  TraceBuilder two;
   two.alloc(std::uint64_t{1} << 63);
   two.alloc((std::uint64_t{1} << 63) - 1024);  // the three fit 64 bits as requested
   two.alloc(1000);                             // but not once rounded

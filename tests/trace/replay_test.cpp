@@ -15,34 +15,10 @@
 #include "tidepool/host_device.hpp"
 #include "tidepool/trace_io.hpp"
 #include "tidepool/units.hpp"
+#include "trace/trace_builder.hpp"
 
 namespace tidepool::trace {
 namespace {
-
-/// Builds a trace from allocs and frees in order; lifetimes are numbered as allocated.
-class TraceBuilder {
- public:
-  explicit TraceBuilder(std::string name = "test") { trace_.name = std::move(name); trace_.format = "test"; }
-  /// Starts a lifetime of `bytes`; returns its number.
-  std::uint32_t alloc(std::uint64_t bytes, std::int64_t time_us = -1) {
-    const std::uint32_t block = trace_.num_blocks++;
-    bytes_.push_back(bytes);
-    trace_.events.push_back(Event{Op::alloc, block, bytes, kDefaultStream, time_us});
-    return block;
-  }
-  void free(std::uint32_t block, std::int64_t time_us = -1) {
-    trace_.events.push_back(Event{Op::free, block, bytes_[block], kDefaultStream, time_us});
-  }
-  void segment(Op op, std::uint64_t bytes) {
-    trace_.events.push_back(Event{op, 0, bytes, kDefaultStream, -1});
-    trace_.has_segments = true;
-  }
-  const Trace& trace() const { return trace_; }
-
- private:
-  Trace trace_;
-  std::vector<std::uint64_t> bytes_;
-};
 
 ReplayOptions on_capacity(std::size_t capacity) {
   ReplayOptions options;
@@ -375,6 +351,14 @@ TEST(Replay, ReplayRunsEachModeAndAddsTheRecordedRow) {
   // Reserved after each event: 20, 20, 40, 40, 0 MiB.
   EXPECT_DOUBLE_EQ(result->recorded->average_reserved_bytes, static_cast<double>(120 * MiB) / 5);
   EXPECT_DOUBLE_EQ(result->recorded->fragmentation, 4.0);
+  EXPECT_EQ(result->planned_footprint_bytes, 10 * MiB);  // the one block
+
+  // A caller replaying mode by mode plans the trace once.
+  ReplayOptions unplanned = on_capacity(1 * GiB);
+  unplanned.plan = false;
+  auto again = replay(builder.trace(), modes, unplanned);
+  ASSERT_TRUE(again) << again.error().message();
+  EXPECT_FALSE(again->planned_footprint_bytes);
 }
 
 TEST(Replay, RecordedRowCountsSegmentsHeldBeforeTheRecordBegan) {
