@@ -2,11 +2,14 @@
 // allocate(size, stream), free(k), trim(), stats(); where the pool has tags
 // (expandable), allocations in two tags and sleep/wake of either, contents
 // kept or not (a sleeping tag's blocks are freed but never touched; a wake
-// that kept contents must give every byte back). After each operation:
+// that kept contents must give every byte back); and a step of requests run
+// again and again, sometimes freeing late or stopping early (what the
+// expandable pool's step plan learns and follows). After each operation:
 // no two live blocks overlap, every live block is writable memory holding the
 // bytes written into it, and the stats agree with the live set. At the end,
 // freeing everything brings bytes_in_use to 0 and trim() gives the device
 // back every byte.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -124,62 +127,110 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   };
   bool kept[3] = {true, true, true};
 
+  // One allocation, checked: an OOM only where it must be, no overlap with
+  // any live block, its marks written.
+  auto allocate_one = [&](std::size_t bytes, Stream stream, int tag) {
+    const Stats before = allocator.stats();
+    if (tag != 0) require(tags->tag_begin(kTagNames[tag]).has_value());
+    auto ptr = allocator.allocate(bytes, stream);
+    if (tag != 0) require(tags->tag_end().has_value());
+    if (tag != 0 && asleep[tag]) {  // refused, whatever the size
+      require(bytes == 0 || bytes > static_cast<std::size_t>(before.bytes_limit) ||
+              (!ptr && ptr.error().code() == Errc::invalid_argument));
+      return;
+    }
+    if (!ptr) {
+      require(ptr.error().code() == Errc::out_of_memory);
+      if (mode == Mode::expandable) {
+        // Stitching: an OOM only when free granules and room to map more
+        // cannot cover the granules the block spans (at most one more
+        // than its size in granules).
+        constexpr std::int64_t G = 2 * MiB;
+        const std::int64_t room = (before.bytes_limit - before.bytes_mapped) / G;
+        const auto spans = static_cast<std::int64_t>((bytes + G - 1) / G) + 1;
+        require(bytes > static_cast<std::size_t>(before.bytes_limit) || spans > before.granules_free + room);
+      }
+      return;
+    }
+    if (bytes == 0) {
+      require(*ptr == nullptr);
+      return;
+    }
+    ++successes;
+    const auto address = reinterpret_cast<std::uintptr_t>(*ptr);
+    require(address % kMinAlignment == 0);
+    auto next = live.lower_bound(address);
+    require(next == live.end() || next->first >= address + bytes);
+    if (next != live.begin()) {
+      auto previous = std::prev(next);
+      require(previous->first + previous->second.bytes <= address);
+    }
+    Block block{bytes, mark++, tag};
+    write_marks(*ptr, block);
+    live.emplace(address, block);
+    order.push_back(address);
+  };
+  // Frees the k-th live block by allocation order (swapped with the last).
+  auto free_one = [&](std::size_t k, Stream stream, bool twice) {
+    const std::uintptr_t address = order[k];
+    order[k] = order.back();
+    order.pop_back();
+    auto it = live.find(address);
+    if (!asleep[it->second.tag]) check_marks(reinterpret_cast<void*>(address), it->second);
+    require(allocator.deallocate(reinterpret_cast<void*>(address), stream).has_value());
+    live.erase(it);
+    // The same pointer again is a double free, refused without harm.
+    if (twice) require(!allocator.deallocate(reinterpret_cast<void*>(address)).has_value());
+  };
+
   for (int steps = 0; !in.done() && steps < 4096; ++steps) {
     const std::uint8_t op = in.next();
     if (op % 8 < 4) {
       const std::size_t bytes = decode_size(in);
       const Stream stream = (op & 0x10) ? 1 : kDefaultStream;
       const int tag = tags != nullptr && (op & 0x40) ? 1 + (op >> 7) : 0;
-      const Stats before = allocator.stats();
-      if (tag != 0) require(tags->tag_begin(kTagNames[tag]).has_value());
-      auto ptr = allocator.allocate(bytes, stream);
-      if (tag != 0) require(tags->tag_end().has_value());
-      if (tag != 0 && asleep[tag]) {  // refused, whatever the size
-        require(bytes == 0 || bytes > static_cast<std::size_t>(before.bytes_limit) ||
-                (!ptr && ptr.error().code() == Errc::invalid_argument));
-        continue;
-      }
-      if (!ptr) {
-        require(ptr.error().code() == Errc::out_of_memory);
-        if (mode == Mode::expandable) {
-          // Stitching: an OOM only when free granules and room to map more
-          // cannot cover the granules the block spans (at most one more
-          // than its size in granules).
-          constexpr std::int64_t G = 2 * MiB;
-          const std::int64_t room = (before.bytes_limit - before.bytes_mapped) / G;
-          const auto spans = static_cast<std::int64_t>((bytes + G - 1) / G) + 1;
-          require(bytes > static_cast<std::size_t>(before.bytes_limit) || spans > before.granules_free + room);
-        }
-        continue;
-      }
-      if (bytes == 0) {
-        require(*ptr == nullptr);
-        continue;
-      }
-      ++successes;
-      const auto address = reinterpret_cast<std::uintptr_t>(*ptr);
-      require(address % kMinAlignment == 0);
-      auto next = live.lower_bound(address);
-      require(next == live.end() || next->first >= address + bytes);
-      if (next != live.begin()) {
-        auto previous = std::prev(next);
-        require(previous->first + previous->second.bytes <= address);
-      }
-      Block block{bytes, mark++, tag};
-      write_marks(*ptr, block);
-      live.emplace(address, block);
-      order.push_back(address);
+      allocate_one(bytes, stream, tag);
     } else if (op % 8 < 6 && !order.empty()) {
-      const std::size_t k = in.next() % order.size();
-      const std::uintptr_t address = order[k];
-      order[k] = order.back();
-      order.pop_back();
-      auto it = live.find(address);
-      if (!asleep[it->second.tag]) check_marks(reinterpret_cast<void*>(address), it->second);
-      require(allocator.deallocate(reinterpret_cast<void*>(address), (op & 0x10) ? 1 : 0).has_value());
-      live.erase(it);
-      // The same pointer again is a double free, refused without harm.
-      if (op & 0x20) require(!allocator.deallocate(reinterpret_cast<void*>(address)).has_value());
+      free_one(in.next() % order.size(), (op & 0x10) ? 1 : 0, (op & 0x20) != 0);
+    } else if (op % 8 == 7 && (op & 0x40) == 0 && (op & 0x20) != 0) {
+      // A step repeated (the expandable pool's step plan, step_plan.hpp):
+      // up to 24 blocks, each freed a number of requests after its own,
+      // the whole step run 3 to 10 times; every 4th run a block is freed
+      // late, past the next run's start, and a run may stop early.
+      const std::size_t count = 1 + in.next() % 24;
+      const std::size_t runs = 3 + in.next() % 8;
+      std::vector<std::size_t> sizes, after;
+      for (std::size_t i = 0; i < count; ++i) {
+        sizes.push_back(decode_size(in));
+        after.push_back(1 + in.next() % (count - i));
+      }
+      std::size_t stop_at = in.next() % (count * runs + 1);  // a run stops there, once
+      std::vector<std::pair<std::size_t, std::uintptr_t>> due;  // request index it is freed before, address
+      std::size_t request = 0;
+      for (std::size_t run = 0; run < runs; ++run) {
+        for (std::size_t i = 0; i <= count; ++i, ++request) {
+          for (auto it = due.begin(); it != due.end();) {
+            if (it->first > request) {
+              ++it;
+              continue;
+            }
+            auto found = std::find(order.begin(), order.end(), it->second);
+            if (found != order.end()) free_one(static_cast<std::size_t>(found - order.begin()), kDefaultStream, false);
+            it = due.erase(it);
+          }
+          if (i == count) break;
+          if (request == stop_at) {
+            stop_at = SIZE_MAX;
+            break;
+          }
+          const std::size_t before = order.size();
+          allocate_one(sizes[i], kDefaultStream, 0);
+          if (order.size() > before) {
+            const std::size_t late = (run % 4 == 3 && i == 0) ? count : 0;
+            due.emplace_back(request + after[i] + late, order.back());
+          }
+        }
+      }
     } else if (op % 8 == 6) {
       allocator.trim();
     } else if (tags != nullptr && (op & 0x40)) {

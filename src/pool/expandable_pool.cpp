@@ -81,7 +81,7 @@ std::size_t ExpandablePool::State::release_free(std::size_t keep) {
 }
 
 Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std::size_t bytes,
-                                   std::size_t requested) {
+                                   std::size_t requested, bool for_slab) {
   const GranuleSpan span = granules_of(space, base, bytes);
   const GranuleId first = span.first, last = span.last;  // captured below: not a structured binding (clang 14)
   // Granules already mapped (free or shared with a neighbour) are reused in
@@ -98,8 +98,17 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   // Undoes the uses taken: granules mapped for this block stay mapped, free.
   auto undo = [&] { granules.unuse_range(first, last, kNoStream); };
   const std::size_t room = (bytes_limit - mapped_bytes()) / granule;
+  // A step plan that lost its place (the program changed) or whose slab
+  // leaves the pool short is retired, its slab freed (now if nothing lives
+  // in it, else once its last block goes): the program's new steps get its
+  // memory rather than new memory.
+  if (slab != nullptr && !for_slab &&
+      (plan.phase() == pool::StepPlan::Phase::lost || missing > granules.free_count() + room)) {
+    retire_plan();
+  }
   if (missing > granules.free_count() + room) {
     undo();
+    if (for_slab) return Error(Errc::out_of_memory, "expandable pool: no room for the step plan's slab");
     return out_of_memory(requested, bytes, missing);
   }
 
@@ -146,7 +155,8 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     // three device calls (create, unmap, map) per granule it ever created.
     const bool at_limit = mapped_bytes() + (run.size() + 1) * granule > bytes_limit;
     const bool may_move = moved < usage.num_device_allocs;
-    if ((may_move && granules.free_count() > slack_granules()) || (at_limit && granules.free_count() > 0)) {
+    if ((may_move && granules.free_count() > slack_granules()) ||
+        ((at_limit || for_slab) && granules.free_count() > 0)) {
       // A stolen granule is mapped here at once, alone: its unmap may split a
       // kernel mapping, and unmaps piling up before one map would pass the
       // mapping budget unchecked.
@@ -155,7 +165,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       if (!stolen) return abandon(std::move(stolen).error());
       run_first = id;
       run.push_back(*stolen);
-      ++moved;
+      if (!for_slab) ++moved;  // the move budget bounds churn; a slab moves once
       stitched = true;
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
     } else {
@@ -163,6 +173,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       if (!fresh) {
         if (fresh.error().code() != Errc::out_of_memory) return abandon(std::move(fresh).error());
         (void)abandon(std::move(fresh).error());
+        if (for_slab) return Error(Errc::out_of_memory, "expandable pool: no room for the step plan's slab");
         return out_of_memory(requested, bytes, missing);  // reports the device once the run is back
       }
       run.push_back(*fresh);
@@ -210,7 +221,7 @@ void ExpandablePool::State::reap() {
   std::uint64_t seen = calls;
   int quiet = 0;
   while (!stopping) {
-    if (exact && held.empty() && granules.free_count() == 0) {
+    if (exact && held.empty() && granules.free_count() == 0 && slab == nullptr) {
       reaper_parked = true;  // nothing to release: wait for a free
       reaper_wake.wait(lock, [this] { return stopping || !reaper_parked; });
       seen = calls;
@@ -320,6 +331,72 @@ std::string_view ExpandablePool::name() const { return "expandable"; }
 
 Device& ExpandablePool::device() const { return *state_->device; }
 
+void* ExpandablePool::State::take_planned(std::size_t rounded, Stream stream) {
+  if (plan.phase() == pool::StepPlan::Phase::learning) return nullptr;
+  if (!may_be_lazy()) {  // a tag exists, or frees release memory: no plan
+    retire_plan();
+    return nullptr;
+  }
+  if (plan.wants_slab(rounded, stream) && !open_slab(stream)) {
+    plan.drop();
+    return nullptr;
+  }
+  for (Stream other : plan.pending_streams()) {
+    if (Status waited = wait_for(*device, other); !waited) {
+      retire_plan();  // the slab cannot be reused safely
+      return nullptr;
+    }
+  }
+  plan.pending_streams().clear();
+  const std::optional<std::uint64_t> offset = plan.take(rounded, stream);
+  if (plan.retired() && plan.empty()) close_slab();
+  return offset ? static_cast<char*>(slab) + *offset : nullptr;
+}
+
+bool ExpandablePool::State::open_slab(Stream stream) {
+  complete_held();  // so that the slab is placed knowing all free space
+  const std::size_t bytes = round_up(static_cast<std::size_t>(plan.slab_bytes()), granule);
+  // The step's small blocks, and its large ones that outlive a step, need
+  // memory beside the slab: what the small arenas map now, and those blocks'
+  // bytes. A slab that leaves less is not opened (the pool goes on as it did).
+  std::size_t beside = round_up(static_cast<std::size_t>(plan.unplanned_bytes()), granule);
+  for (const Space& space : spaces) {
+    if (!space.small) continue;
+    const auto count = static_cast<GranuleId>(space.bytes / granule);
+    beside += (count - granules.unmapped_in(space.first, space.first + count - 1)) * granule;
+  }
+  if (bytes == 0 || bytes > bytes_limit || beside > bytes_limit - bytes) return false;
+  Expected<pool::PlacedBlock> block = large.allocate(bytes, stream, placement_cost);
+  if (block && block->base == nullptr) block = place_in_more_space(large, bytes, stream, false, pool::kUntagged);
+  if (!block) return false;
+  sync_granules(block->base);
+  const auto base = reinterpret_cast<std::uintptr_t>(block->base);
+  if (Status backed = back(*space_of(base), base, block->bytes, bytes, true); !backed) {
+    (void)large.free(block->base, stream);
+    return false;
+  }
+  slab = block->base;
+  slab_bytes = block->bytes;
+  slab_stream = stream;
+  plan.opened();
+  return true;
+}
+
+void ExpandablePool::State::close_slab() noexcept {
+  if (slab == nullptr) return;
+  // Blocks freed on other streams are waited for: the slab's granules are
+  // then free on its own stream only.
+  for (Stream other : plan.pending_streams()) (void)wait_for(*device, other);
+  (void)large.free(slab, slab_stream);
+  if (exact) {
+    const auto base = reinterpret_cast<std::uintptr_t>(slab);
+    unback(*space_of(base), base, slab_bytes, slab_stream);
+  }
+  slab = nullptr;
+  slab_bytes = 0;
+  plan.drop();
+}
+
 Expected<pool::PlacedBlock> ExpandablePool::State::place_in_more_space(pool::BestFitArena& arena, std::size_t rounded,
                                                                        Stream stream, bool for_small,
                                                                        pool::TagId tag) {
@@ -350,6 +427,18 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     tag = *awake;
   }
   pool::BestFitArena& arena = s.arena_for(small, tag_id);
+  const bool plannable = !small && tag == nullptr;
+  if (plannable) {
+    if (void* planned = s.take_planned(rounded, stream)) {
+      s.usage.allocated(rounded);
+      return planned;
+    }
+  }
+  // A large untagged block the arena serves: logged while the plan learns.
+  auto record = [&](void* ptr) {
+    if (plannable && s.may_be_lazy()) s.plan.record_alloc(ptr, rounded, stream, s.device_calls());
+    return ptr;
+  };
   if (!small && tag == nullptr && !s.held.empty()) {
     // Newest first. Chunk sizes are exact (the arena always splits), so a
     // held block of this size is what the arena would carve, already backed.
@@ -359,7 +448,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
         s.held.erase(s.held.begin() + static_cast<std::ptrdiff_t>(i));
         s.hold_back.asked(true);
         s.usage.allocated(rounded);
-        return ptr;
+        return record(ptr);
       }
     }
     s.complete_held();  // so the arena places this block knowing all free space
@@ -369,20 +458,33 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     s.hold_back.asked(false);
   }
 
-  Expected<pool::PlacedBlock> block = arena.allocate(rounded, stream, s.placement_cost);
+  auto place = [&]() -> Expected<pool::PlacedBlock> {
+    Expected<pool::PlacedBlock> placed = arena.allocate(rounded, stream, s.placement_cost);
+    if (placed && placed->base == nullptr) return s.place_in_more_space(arena, rounded, stream, small, tag_id);
+    return placed;
+  };
+  Expected<pool::PlacedBlock> block = place();
   if (!block) return std::move(block).error();
-  if (block->base == nullptr) {
-    block = s.place_in_more_space(arena, rounded, stream, small, tag_id);
-    if (!block) return std::move(block).error();
-  }
   if (!s.exact) {
     if (block->costs_nothing) {  // lazy and already mapped: nothing to follow
       s.usage.allocated(block->bytes);
-      return block->base;
+      return record(block->base);
     }
     s.sync_granules(block->base);
   }
-  const auto base = reinterpret_cast<std::uintptr_t>(block->base);
+  auto base = reinterpret_cast<std::uintptr_t>(block->base);
+  if (plannable && s.slab != nullptr && s.plan.phase() == pool::StepPlan::Phase::lost && s.plan.empty()) {
+    // The program left its plan and this block needs memory: the plan is
+    // retired, and the block placed again knowing the slab's space free.
+    const auto [first, last] = s.granules_of(*s.space_of(base), base, block->bytes);
+    if (s.granules.unmapped_in(first, last) > 0) {
+      (void)arena.free(block->base, stream);
+      s.retire_plan();
+      block = place();
+      if (!block) return std::move(block).error();
+      base = reinterpret_cast<std::uintptr_t>(block->base);
+    }
+  }
   const State::Space& space = *s.space_of(base);
   if (Status backed = s.back(space, base, block->bytes, bytes); !backed) {
     (void)arena.free(block->base, stream);
@@ -394,7 +496,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     tag->live.emplace(base, block->bytes);
     tag->note_stream(stream);
   }
-  return block->base;
+  return record(block->base);
 }
 
 Status ExpandablePool::deallocate(void* ptr, Stream stream) {
@@ -410,6 +512,15 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
                                             "address space)");
   }
   if (space->tag != pool::kUntagged) return s.free_tagged(*space, ptr, stream);
+  if (s.in_slab(address)) {
+    Expected<std::size_t> freed = s.plan.give_back(address - reinterpret_cast<std::uintptr_t>(s.slab), stream, address);
+    if (!freed) return std::move(freed).error();
+    s.note_free(stream);
+    s.usage.freed(*freed);
+    if (s.plan.retired() && s.plan.empty()) s.close_slab();
+    return {};
+  }
+  if (!space->small) s.plan.record_free(ptr, stream);
   if (!space->small && s.holds_back()) {
     if (s.hold_back.hold_next()) {
       const std::size_t bytes = s.large.live_size(ptr);
@@ -514,6 +625,7 @@ std::string ExpandablePool::dump() const {
            (space.small ? "small" : "large") + " blocks" +
            (space.tag == pool::kUntagged ? "" : " of tag '" + s.tags.at(space.tag).name + "'") + "\n";
   }
+  out += s.plan.describe() + "\n";
   out += "small blocks (below " + format_bytes(s.options.small_threshold) + "):\n" + s.small.dump();
   out += "large blocks:\n" + s.large.dump();
   if (!s.held.empty()) {

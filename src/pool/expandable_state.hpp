@@ -38,6 +38,7 @@
 #include "pool/best_fit_arena.hpp"
 #include "pool/granule_table.hpp"
 #include "pool/sleep_tags.hpp"
+#include "pool/step_plan.hpp"
 #include "pool/usage_counters.hpp"
 #include "tidepool/expandable_pool.hpp"
 
@@ -302,8 +303,11 @@ struct ExpandablePool::State {
 
   /// Gives every granule under [base, base + bytes) physical memory and one
   /// more use. On failure every granule is as it was, except that granules
-  /// stolen for it may have moved here (free, still mapped).
-  Status back(const Space& space, std::uintptr_t base, std::size_t bytes, std::size_t requested);
+  /// stolen for it may have moved here (free, still mapped). `for_slab`:
+  /// every free granule is stolen before one is created, and no room is an
+  /// error, not an OOM counted (the plan is given up, nothing fails).
+  Status back(const Space& space, std::uintptr_t base, std::size_t bytes, std::size_t requested,
+              bool for_slab = false);
   /// One use less on every granule under the block, freed on `stream`.
   void unback(const Space& space, std::uintptr_t base, std::size_t bytes, Stream stream) noexcept;
   /// Frees a large block in full: in the arena, then its granules.
@@ -332,6 +336,32 @@ struct ExpandablePool::State {
     (void)device->release(handle, granule);
     usage.released(granule);
   }
+  // --- the step plan (step_plan.hpp) --------------------------------------
+  // A program that repeats a step is served from a plan of it: its large
+  // untagged requests at offsets in one arena block, the slab. Only while
+  // large frees may be held back and no tag exists (may_be_lazy()).
+  pool::StepPlan plan;
+  void* slab = nullptr;  // the slab, a live block of `large`, while the plan has one
+  std::size_t slab_bytes = 0;
+  Stream slab_stream = 0;
+  std::int64_t device_calls() const noexcept { return maps + unmaps + usage.num_device_allocs + usage.num_device_frees; }
+  bool in_slab(std::uintptr_t address) const noexcept {
+    return slab != nullptr && address - reinterpret_cast<std::uintptr_t>(slab) < slab_bytes;
+  }
+  /// A large untagged request served from the plan's slab; null: the arena
+  /// serves it (the plan follows along, or opens its slab here first).
+  void* take_planned(std::size_t rounded, Stream stream);
+  /// Places and backs the slab (stealing every free granule before it
+  /// creates one); false, with nothing changed, when it does not fit.
+  bool open_slab(Stream stream);
+  /// Frees the slab (no block lives in it) and gives the plan up.
+  void close_slab() noexcept;
+  /// The plan stops serving; its slab goes once empty.
+  void retire_plan() noexcept {
+    plan.retire();
+    if (plan.retired() && plan.empty()) close_slab();
+  }
+
   /// Unmaps and releases free granules, oldest first, until at most `keep`
   /// bytes of them remain. Returns the bytes released.
   std::size_t release_free(std::size_t keep);
@@ -339,6 +369,7 @@ struct ExpandablePool::State {
   std::size_t release_all() {
     sync_granules();
     complete_held();
+    retire_plan();
     return release_free(0);
   }
   Error out_of_memory(std::size_t requested, std::size_t rounded, std::size_t missing_granules);

@@ -1,0 +1,350 @@
+// StepPlan: learning a repeating step, planning it, and serving it from the
+// slab (step_plan.hpp says how, and why two live blocks never overlap).
+#include "pool/step_plan.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "pool/lifetime_plan.hpp"
+#include "tidepool/units.hpp"
+
+namespace tidepool::pool {
+namespace {
+
+constexpr std::uint64_t kBase = 0x9E3779B97F4A7C15ULL;  // odd: the rolling hash's base
+constexpr std::uint64_t base_to_window() {
+  std::uint64_t power = 1;
+  for (std::uint32_t i = 0; i < StepPlan::kWindow; ++i) power *= kBase;
+  return power;
+}
+// Learning pauses after each plan given up or not needed, twice as long each
+// time (a program that does not repeat costs the log a fraction of requests).
+constexpr std::uint64_t kMaxPause = std::uint64_t{1} << 24;
+
+}  // namespace
+
+std::uint64_t StepPlan::key_of(const Logged& entry) const noexcept {
+  std::uint64_t key = (entry.bytes ^ (entry.stream * 0xC2B2AE3D27D4EB4FULL)) + 0x165667B19E3779F9ULL;
+  key ^= key >> 31;
+  key *= 0xBF58476D1CE4E5B9ULL;
+  return key ^ (key >> 29);
+}
+
+void StepPlan::restart_log() noexcept {
+  log_.clear();
+  logged_live_.clear();
+  seen_.clear();
+  hash_ = 0;
+  candidates_.clear();
+}
+
+void StepPlan::pause(std::uint64_t requests) noexcept {
+  restart_log();
+  paused_for_ = requests;
+}
+
+void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
+  if (phase_ != Phase::learning) return;
+  if (paused_for_ > 0) {
+    --paused_for_;
+    return;
+  }
+  if (log_.size() == kLogCapacity) {  // no step of at most kMaxPeriod requests repeated in it
+    pause(next_pause_);
+    next_pause_ = std::min(2 * next_pause_, kMaxPause);
+    return;
+  }
+  const auto index = static_cast<std::uint32_t>(log_.size());
+  log_.push_back({bytes, stream, kLive, 0, device_calls});
+  logged_live_[ptr] = index;
+  static constexpr std::uint64_t kBaseToWindow = base_to_window();
+  hash_ = hash_ * kBase + key_of(log_.back());
+  if (index >= kWindow) hash_ -= key_of(log_[index - kWindow]) * kBaseToWindow;
+  if (index + 1 < kWindow) return;
+
+  auto same = [this](std::uint32_t a, std::uint32_t b) {
+    return log_[a].bytes == log_[b].bytes && log_[a].stream == log_[b].stream;
+  };
+  std::erase_if(candidates_, [&](const Candidate& candidate) { return !same(index, index - candidate.period); });
+  auto [seen, fresh] = seen_.try_emplace(hash_, Seen{index, index});
+  if (!fresh) {
+    for (const std::uint32_t before : {seen->second.latest, seen->second.first}) {
+      const std::uint32_t period = index - before;
+      if (period > kMaxPeriod || candidates_.size() == kCandidates) break;
+      if (std::none_of(candidates_.begin(), candidates_.end(),
+                       [period](const Candidate& candidate) { return candidate.period == period; })) {
+        candidates_.push_back({period, kWindow - 1});  // the window matched (confirm() checks in full)
+      }
+    }
+    seen->second.latest = index;
+  }
+  for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    Candidate& candidate = candidates_[i];
+    if (++candidate.run < candidate.period || index + 1 < 2 * candidate.period) continue;
+    const std::uint32_t period = candidate.period;
+    candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (confirm(period)) return;  // planned or paused: the log is gone
+    --i;
+  }
+}
+
+void StepPlan::record_free(const void* ptr, Stream stream) {
+  if (phase_ != Phase::learning || logged_live_.empty()) return;
+  auto found = logged_live_.find(ptr);
+  if (found == logged_live_.end()) return;
+  log_[found->second].freed_at = static_cast<std::uint32_t>(log_.size());
+  log_[found->second].freed_on = stream;
+  logged_live_.erase(found);
+}
+
+bool StepPlan::confirm(std::uint32_t period) {
+  const auto end = static_cast<std::uint32_t>(log_.size());
+  const std::uint32_t first = end - 2 * period;  // the older copy: [first, first + period)
+  const Stream stream = log_[first].stream;
+  for (std::uint32_t k = first; k < end; ++k) {
+    const Logged& entry = log_[k];
+    if (entry.stream != stream) return false;  // one stream only
+    if (k >= first + period && (entry.bytes != log_[k - period].bytes || entry.stream != log_[k - period].stream)) {
+      return false;  // the window's hash matched, the requests did not
+    }
+    if (k >= first + period) continue;
+    // Every block of the older copy freed since, on the plan's stream: a
+    // step, not a phase of one (a layer whose saved tensors live on).
+    if (entry.freed_at == kLive || entry.freed_on != stream) return false;
+    // And the newer copy's blocks live as long (so far): a run of one size
+    // repeats at any period, but its blocks are freed as a step frees them.
+    const std::uint32_t lifetime = entry.freed_at - k;
+    const Logged& again = log_[k + period];
+    if (again.freed_at == kLive ? end - (k + period) > lifetime : again.freed_at - (k + period) != lifetime) {
+      return false;
+    }
+  }
+  // The pool repeated it without a device call: no plan needed (a longer
+  // step may still be found).
+  if (log_[end - 1].calls == log_[first + period - 1].calls) {
+    return false;
+  }
+  if (!plan_step(first, period)) {
+    pause(next_pause_);
+    next_pause_ = std::min(2 * next_pause_, kMaxPause);
+  }
+  return true;
+}
+
+bool StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
+  // Bytes live across each position (allocated before it, freed after it),
+  // around the step as a circle: the step is cut where that is least, so
+  // that few blocks span the cut (they keep their slot the whole step).
+  std::vector<std::int64_t> crossing(period + 1, 0);
+  auto cover = [&](std::uint32_t from, std::uint32_t to, std::int64_t bytes) {  // [from, to), to <= period
+    crossing[from] += bytes;
+    crossing[to] -= bytes;
+  };
+  for (std::uint32_t p = 0; p < period; ++p) {
+    const Logged& entry = log_[first + p];
+    const std::uint32_t lifetime = entry.freed_at - (first + p);
+    if (lifetime > period || lifetime < 2) continue;
+    const std::uint32_t from = p + 1, to = p + lifetime;
+    const auto bytes = static_cast<std::int64_t>(entry.bytes);
+    if (to <= period) {
+      cover(from, to, bytes);
+    } else if (from >= period) {
+      cover(from - period, to - period, bytes);
+    } else {
+      cover(from, period, bytes);
+      cover(0, to - period, bytes);
+    }
+  }
+  std::uint32_t cut = 0;
+  std::int64_t live = 0, least = std::numeric_limits<std::int64_t>::max();
+  for (std::uint32_t p = 0; p < period; ++p) {
+    live += crossing[p];
+    if (live < least) {
+      least = live;
+      cut = p;
+    }
+  }
+
+  slots_.assign(period, Slot{});
+  unplanned_ = 0;
+  std::vector<Lifetime> lives;
+  std::vector<std::uint32_t> planned;  // slot of each of lives
+  for (std::uint32_t p = 0; p < period; ++p) {
+    const std::uint32_t at = (p + period - cut) % period;
+    const Logged& entry = log_[first + p];
+    Slot& slot = slots_[at];
+    slot.bytes = entry.bytes;
+    slot.lifetime = entry.freed_at - (first + p);
+    slot.planned = slot.lifetime <= period;
+    if (!slot.planned) {
+      unplanned_ += entry.bytes;
+      continue;
+    }
+    // One that spans the cut holds its slot over the whole step.
+    lives.push_back(at + slot.lifetime <= period ? Lifetime{at, at + slot.lifetime, entry.bytes}
+                                                 : Lifetime{0, period, entry.bytes});
+    planned.push_back(at);
+  }
+  std::optional<LifetimePlan> plan = plan_lifetimes(lives, period, kMaxWork);
+  if (!plan) return false;
+
+  stream_ = log_[first].stream;
+  footprint_ = plan->footprint_bytes;
+  group_of_offset_.clear();
+  ends_at_.assign(period, {});
+  for (std::size_t i = 0; i < planned.size(); ++i) {
+    Slot& slot = slots_[planned[i]];
+    slot.offset = plan->offsets[i];
+    slot.group = group_of_offset_.try_emplace(slot.offset, static_cast<std::uint32_t>(group_of_offset_.size()))
+                     .first->second;
+    ends_at_[(planned[i] + slot.lifetime) % period].push_back(planned[i]);
+  }
+  live_in_group_.assign(group_of_offset_.size(), kLive);
+  handed_at_.assign(period, 0);
+  live_.assign(period, 0);
+  overdue_.assign(period, 0);
+  live_count_ = overdue_count_ = 0;
+  // The next request is the one after the newer copy: position 0 of the
+  // older copy, `cut` before the plan's start.
+  position_ = (period - cut) % period;
+  phase_ = Phase::armed;
+  ++plans_;
+  restart_log();
+  return true;
+}
+
+void StepPlan::opened() noexcept {
+  phase_ = Phase::following;
+  position_ = 0;
+  now_ = 0;
+  lost_requests_ = 0;
+  next_pause_ = kLogCapacity;
+}
+
+void StepPlan::drop() noexcept {
+  phase_ = Phase::learning;
+  slots_.clear();
+  ends_at_.clear();
+  group_of_offset_.clear();
+  live_in_group_.clear();
+  handed_at_.clear();
+  live_.clear();
+  overdue_.clear();
+  footprint_ = unplanned_ = 0;
+  live_count_ = overdue_count_ = 0;
+  pending_.clear();
+  pause(next_pause_);
+  next_pause_ = std::min(2 * next_pause_, kMaxPause);
+}
+
+void StepPlan::advance() noexcept {
+  for (const std::uint32_t slot : ends_at_[position_]) {
+    if (live_[slot] && !overdue_[slot] && handed_at_[slot] + slots_[slot].lifetime <= now_) {
+      overdue_[slot] = 1;
+      ++overdue_count_;
+    }
+  }
+}
+
+std::optional<std::uint64_t> StepPlan::take(std::size_t bytes, Stream stream) {
+  const auto period = static_cast<std::uint32_t>(slots_.size());
+  switch (phase_) {
+    case Phase::learning:
+    case Phase::retiring:
+      return std::nullopt;
+    case Phase::armed:
+      if (!matches(position_, bytes, stream)) {
+        drop();  // the step changed before the plan was used
+      } else {
+        position_ = (position_ + 1) % period;
+      }
+      return std::nullopt;
+    case Phase::lost:
+      if (!matches(0, bytes, stream)) {
+        if (++lost_requests_ > std::uint64_t{kLostSteps} * period) retire();
+        return std::nullopt;
+      }
+      // The step's first request: follow again. Where the blocks still live
+      // would be in the plan is unknown, so each counts overdue until freed.
+      position_ = 0;
+      now_ += 2 * period;
+      for (std::uint32_t slot = 0; slot < period; ++slot) {
+        if (live_[slot] && !overdue_[slot]) {
+          overdue_[slot] = 1;
+          ++overdue_count_;
+        }
+      }
+      phase_ = Phase::following;
+      break;
+    case Phase::following:
+      if (!matches(position_, bytes, stream)) {
+        phase_ = Phase::lost;
+        ++lost_requests_;
+        return std::nullopt;
+      }
+      break;
+  }
+  advance();
+  const std::uint32_t at = position_;
+  const Slot& slot = slots_[at];
+  std::optional<std::uint64_t> offset;
+  if (slot.planned && overdue_count_ == 0 && !live_[at] && live_in_group_[slot.group] == kLive) {
+    live_[at] = 1;
+    handed_at_[at] = now_;
+    ++live_count_;
+    live_in_group_[slot.group] = at;
+    offset = slot.offset;
+    ++served_;
+  }
+  position_ = (position_ + 1) % period;
+  ++now_;
+  if (position_ == 0) lost_requests_ = 0;  // a whole step followed
+  return offset;
+}
+
+Expected<std::size_t> StepPlan::give_back(std::uint64_t offset, Stream stream, std::uintptr_t address) {
+  auto group = group_of_offset_.find(offset);
+  if (group == group_of_offset_.end()) {
+    return Error(Errc::invalid_pointer, "free of " + format_address(address) +
+                                            ": not a block of this pool; it lies " + std::to_string(offset) +
+                                            " bytes into the step plan's slab, where no block starts");
+  }
+  const std::uint32_t slot = live_in_group_[group->second];
+  if (slot == kLive) {
+    return Error(Errc::double_free, "free of " + format_address(address) +
+                                        ": the memory is free already (a block of the step plan's slab, " +
+                                        std::to_string(offset) + " bytes in); was it freed twice?");
+  }
+  live_in_group_[group->second] = kLive;
+  live_[slot] = 0;
+  --live_count_;
+  if (overdue_[slot]) {
+    overdue_[slot] = 0;
+    --overdue_count_;
+  }
+  if (stream != stream_ && std::find(pending_.begin(), pending_.end(), stream) == pending_.end()) {
+    pending_.push_back(stream);
+  }
+  return slots_[slot].bytes;
+}
+
+std::string StepPlan::describe() const {
+  switch (phase_) {
+    case Phase::learning:
+      return "step plan: learning (" + std::to_string(plans_) + " planned so far)";
+    case Phase::armed:
+      return "step plan: " + std::to_string(slots_.size()) + " large requests planned in " +
+             format_bytes(footprint_) + ", waiting for the step's start";
+    case Phase::following:
+    case Phase::lost:
+    case Phase::retiring:
+      return std::string("step plan: ") +
+             (phase_ == Phase::following ? "following" : phase_ == Phase::lost ? "lost its place in" : "retiring") +
+             " a step of " + std::to_string(slots_.size()) + " large requests, slab of " + format_bytes(footprint_) +
+             ", " + std::to_string(live_count_) + " blocks live in it, " + std::to_string(served_) +
+             " served from it";
+  }
+  return {};
+}
+
+}  // namespace tidepool::pool

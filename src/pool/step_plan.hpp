@@ -1,0 +1,185 @@
+// StepPlan: the expandable pool's placement for a program that repeats its
+// steps (docs/expandable.md, "Step plans"). Internal to the pool.
+//
+// Best fit places each block knowing only the past, so a program that repeats
+// a step may find its blocks where the last step left no memory mapped, and
+// the pool steals or creates memory again (a few granules a step, for ever, or
+// more near the limit). A planner that knows every lifetime places the step in
+// about its peak (plan_lifetimes: 1.00-1.025x of peak live on every trace
+// here). So the pool learns the step and then places by the plan:
+//
+// - learning: the large requests (size, stream) and when each block is freed
+//   are logged; a rolling hash of the last kWindow requests finds an earlier
+//   spot where the same requests were made, so a candidate period P. Once the
+//   last P requests equal the P before, the older copy is the step: accepted
+//   if every block it allocated was freed since, on the one stream all its
+//   requests were made on, and if the pool made device calls during the newer
+//   copy (a pool that repeats a step without a call needs no plan). Periods
+//   inside a step (a model's layers) are rejected by the first rule: what one
+//   layer saves for the backward pass outlives the layer.
+// - armed: the step is planned (rotated to start where the fewest bytes are
+//   live across the cut); requests keep being matched against it until the
+//   step's start, where the pool maps one block of the plan's footprint, the
+//   *slab*.
+// - following: each request that matches the next one of the plan is served at
+//   its offset in the slab; one that does not loses the plan's place (lost)
+//   until the step's first request comes again. A block the plan leaves to the
+//   arena (it outlives a step) is served there.
+//
+// Two live blocks never overlap, whatever the program does: a slot is handed
+// out only while no block served from the slab is live past the end the plan
+// gave it (then every live slab block's planned lifetime holds the present,
+// and the plan placed those apart); while one is overdue, matching requests go
+// to the arena. A free on another stream than the plan's is waited for before
+// the slab serves again (pending_streams()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tidepool/device.hpp"
+#include "tidepool/error.hpp"
+
+namespace tidepool::pool {
+
+class StepPlan {
+ public:
+  /// Requests hashed together to find an earlier spot that repeats.
+  static constexpr std::uint32_t kWindow = 16;
+  /// The most large requests a planned step may have (planning one takes
+  /// milliseconds, on the allocating thread, once).
+  static constexpr std::uint32_t kMaxPeriod = 1u << 14;
+  /// Requests logged before the log starts again (two copies of the longest step).
+  static constexpr std::uint32_t kLogCapacity = 2 * kMaxPeriod + kWindow;
+  /// Planning work bound (plan_lifetimes): well under a second.
+  static constexpr std::uint64_t kMaxWork = std::uint64_t{1} << 26;
+  /// Steps' worth of requests that miss the plan, with no whole step
+  /// followed among them, before it is given up: the program has changed.
+  static constexpr std::uint32_t kLostSteps = 4;
+
+  enum class Phase { learning, armed, following, lost, retiring };
+  Phase phase() const noexcept { return phase_; }
+  /// The slab is in use (following, lost or retiring).
+  bool has_slab() const noexcept { return phase_ == Phase::following || phase_ == Phase::lost || phase_ == Phase::retiring; }
+
+  // --- learning -----------------------------------------------------------
+  /// A large request served by the arena at `ptr`; `device_calls`: the pool's
+  /// maps, unmaps, creates and releases so far. Ignored unless learning.
+  void record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
+  /// A large arena block freed. Ignored unless learning.
+  void record_free(const void* ptr, Stream stream);
+
+  // --- armed ----------------------------------------------------------------
+  /// Armed and this request is the step's first: the pool opens the slab
+  /// (slab_bytes()) and calls opened(), or drop() when it cannot.
+  bool wants_slab(std::size_t bytes, Stream stream) const noexcept {
+    return phase_ == Phase::armed && position_ == 0 && matches(0, bytes, stream);
+  }
+  std::uint64_t slab_bytes() const noexcept { return footprint_; }
+  /// The bytes of the step's blocks the arena serves (they outlive a step).
+  std::uint64_t unplanned_bytes() const noexcept { return unplanned_; }
+  /// The slab of slab_bytes() is open: following from the step's first request.
+  void opened() noexcept;
+  /// Gives the plan up (no slab, or it has none): learning again, after a pause.
+  void drop() noexcept;
+
+  // --- armed, following, lost ----------------------------------------------
+  /// A large request: its offset in the slab, or nullopt for the arena (and
+  /// the plan follows or loses its place). Call only with pending_streams()
+  /// empty.
+  std::optional<std::uint64_t> take(std::size_t bytes, Stream stream);
+  /// A slab block at `offset` freed on `stream`: its bytes. Errors
+  /// (nothing changed): no live slab block starts there.
+  Expected<std::size_t> give_back(std::uint64_t offset, Stream stream, std::uintptr_t address);
+  /// Streams a slab block was freed on other than the plan's: their work
+  /// must be waited for before the slab serves again (then clear them).
+  std::vector<Stream>& pending_streams() noexcept { return pending_; }
+  /// Stops serving from the slab; the pool closes it once empty().
+  void retire() noexcept {
+    if (has_slab()) phase_ = Phase::retiring;
+    else if (phase_ == Phase::armed) drop();
+  }
+  /// Retiring and no slab block is live: the pool frees the slab, then drop().
+  bool empty() const noexcept { return live_count_ == 0; }
+  bool retired() const noexcept { return phase_ == Phase::retiring; }
+
+  /// One line for the pool's dump().
+  std::string describe() const;
+  /// Requests served from the slab so far; steps planned.
+  std::uint64_t served() const noexcept { return served_; }
+  std::uint32_t plans() const noexcept { return plans_; }
+
+ private:
+  struct Logged {
+    std::size_t bytes;
+    Stream stream;
+    std::uint32_t freed_at;  // requests logged before its free; kLive until freed
+    Stream freed_on;
+    std::int64_t calls;      // the pool's device calls when it was made
+  };
+  static constexpr std::uint32_t kLive = ~std::uint32_t{0};
+  struct Slot {
+    std::size_t bytes;
+    std::uint64_t offset;
+    std::uint32_t lifetime;  // requests from its alloc to its free
+    std::uint32_t group;     // its offset's index among the plan's distinct offsets
+    bool planned;            // false: it outlives a step, the arena serves it
+  };
+
+  bool matches(std::uint32_t position, std::size_t bytes, Stream stream) const noexcept {
+    return stream == stream_ && slots_[position].bytes == bytes;
+  }
+  void restart_log() noexcept;
+  void pause(std::uint64_t requests) noexcept;
+  std::uint64_t key_of(const Logged& entry) const noexcept;
+  /// The last 2P logged requests are two copies: plan the older one if it
+  /// is a step. False: it is not (the log goes on); true: the log is spent
+  /// (planned, or learning paused).
+  bool confirm(std::uint32_t period);
+  bool plan_step(std::uint32_t first, std::uint32_t period);
+  /// The slab's time moves to the next request: slots due to end by now become overdue.
+  void advance() noexcept;
+
+  Phase phase_ = Phase::learning;
+  // learning
+  std::vector<Logged> log_;
+  std::unordered_map<const void*, std::uint32_t> logged_live_;  // arena block -> its log index
+  struct Seen {
+    std::uint32_t first, latest;  // where a window first and last ended
+  };
+  std::unordered_map<std::uint64_t, Seen> seen_;  // by the window's hash
+  std::uint64_t hash_ = 0;
+  struct Candidate {
+    std::uint32_t period;
+    std::uint32_t run;  // requests in a row equal to the one a period before
+  };
+  /// Periods being checked: the nearest repeat of the window (a step, or a
+  /// layer inside one) and the first (a step whose first copy differed).
+  static constexpr std::size_t kCandidates = 4;
+  std::vector<Candidate> candidates_;
+  std::uint64_t paused_for_ = 0;  // requests not logged before learning again
+  std::uint64_t next_pause_ = kLogCapacity;
+  // the plan
+  Stream stream_ = 0;
+  std::vector<Slot> slots_;                     // by position in the step
+  std::vector<std::vector<std::uint32_t>> ends_at_;  // position -> slots whose lifetime ends there
+  std::unordered_map<std::uint64_t, std::uint32_t> group_of_offset_;
+  std::vector<std::uint32_t> live_in_group_;    // slot live at the offset, or kLive
+  std::vector<std::uint64_t> handed_at_;        // per slot, when it was last served
+  std::vector<char> live_, overdue_;
+  std::uint64_t footprint_ = 0;
+  std::uint64_t unplanned_ = 0;
+  std::uint32_t position_ = 0;   // the next request's position in the step
+  std::uint64_t now_ = 0;        // requests matched since the slab opened (time at position_)
+  std::uint32_t live_count_ = 0, overdue_count_ = 0;
+  std::uint64_t lost_requests_ = 0;
+  std::vector<Stream> pending_;
+  std::uint64_t served_ = 0;
+  std::uint32_t plans_ = 0;
+};
+
+}  // namespace tidepool::pool

@@ -1,0 +1,358 @@
+// StepPlan (pool/step_plan.hpp): what it takes for a step, how it follows
+// one, and that the blocks it hands out never overlap whatever the program
+// does; and the expandable pool served from it (no device call once the plan
+// is laid, data intact, a second free caught).
+#include "pool/step_plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "pool/expandable_state.hpp"
+#include "pool/pool_test_support.hpp"
+
+namespace tidepool::test {
+namespace {
+
+using pool::StepPlan;
+using Phase = StepPlan::Phase;
+
+// A program step: each block's size and how many requests after its own it
+// is freed (1: before the next request).
+struct Block {
+  std::size_t bytes;
+  std::uint32_t freed_after;
+};
+
+std::vector<Block> random_step(std::mt19937_64& rng, std::uint32_t requests) {
+  std::vector<Block> step;
+  std::uniform_int_distribution<std::uint32_t> size(1, 64);
+  for (std::uint32_t i = 0; i < requests; ++i) {
+    const std::uint32_t left = requests - i;  // freed within the step
+    step.push_back({std::size_t{size(rng)} * MiB, std::uniform_int_distribution<std::uint32_t>(1, left)(rng)});
+  }
+  return step;
+}
+
+// Drives a StepPlan as the pool does: each request first offered to the plan
+// (take), else "the arena" serves it at a fresh fake address and it is logged.
+// Tracks the slab blocks live, and checks that none overlaps another.
+class Driver {
+ public:
+  explicit Driver(StepPlan& plan) : plan_(plan) {}
+
+  /// One step: requests in order, frees when due. `calls`: whether the arena
+  /// makes device calls this step.
+  void run(const std::vector<Block>& step, bool calls, Stream stream = kDefaultStream) {
+    std::vector<std::pair<std::uint32_t, std::size_t>> due;  // (request it is freed before, block)
+    for (std::uint32_t i = 0; i <= step.size(); ++i) {
+      for (auto it = due.begin(); it != due.end();) {
+        if (it->first == i) {
+          release(it->second, stream);
+          it = due.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (i == step.size()) break;
+      due.emplace_back(i + step[i].freed_after, request(step[i].bytes, stream, calls));
+    }
+  }
+
+  /// A request: the index of the block handed out.
+  std::size_t request(std::size_t bytes, Stream stream, bool calls = false) {
+    if (plan_.wants_slab(bytes, stream)) {
+      slab_ = plan_.slab_bytes();
+      plan_.opened();
+    }
+    if (calls) ++device_calls_;
+    const std::optional<std::uint64_t> offset = plan_.take(bytes, stream);
+    blocks_.push_back({offset.value_or(0), bytes, offset.has_value(), true});
+    if (offset) {
+      ++from_slab_;
+      EXPECT_LE(*offset + bytes, slab_);
+      for (const Live& other : blocks_) {
+        if (&other == &blocks_.back() || !other.live || !other.in_slab) continue;
+        const bool apart = *offset + bytes <= other.offset || other.offset + other.bytes <= *offset;
+        EXPECT_TRUE(apart) << "a slab block at " << *offset << " overlaps one live at " << other.offset;
+        if (!apart) ++overlaps_;
+      }
+    } else {
+      plan_.record_alloc(fake(blocks_.size() - 1), bytes, stream, device_calls_);
+    }
+    return blocks_.size() - 1;
+  }
+
+  void release(std::size_t block, Stream stream) {
+    Live& live = blocks_[block];
+    ASSERT_TRUE(live.live);
+    live.live = false;
+    if (live.in_slab) {
+      Expected<std::size_t> freed = plan_.give_back(live.offset, stream, 0x1000 + live.offset);
+      ASSERT_TRUE(freed) << freed.error().message();
+      EXPECT_EQ(*freed, live.bytes);
+    } else {
+      plan_.record_free(fake(block), stream);
+    }
+  }
+
+  std::size_t from_slab() const { return from_slab_; }
+  std::size_t overlaps() const { return overlaps_; }
+
+ private:
+  static const void* fake(std::size_t block) { return reinterpret_cast<const void*>(0x10000 + block * 0x100); }
+  struct Live {
+    std::uint64_t offset;
+    std::size_t bytes;
+    bool in_slab, live;
+  };
+  StepPlan& plan_;
+  std::vector<Live> blocks_;
+  std::uint64_t slab_ = 0;
+  std::int64_t device_calls_ = 0;
+  std::size_t from_slab_ = 0, overlaps_ = 0;
+};
+
+TEST(StepPlan, LearnsARepeatingStepAndServesItFromItsPlan) {
+  std::mt19937_64 rng(1);
+  const std::vector<Block> step = random_step(rng, 200);
+  StepPlan plan;
+  Driver driver(plan);
+  driver.run(step, true);
+  EXPECT_EQ(plan.phase(), Phase::learning);
+  driver.run(step, true);  // the second copy confirms the step
+  EXPECT_EQ(plan.phase(), Phase::armed);
+  std::size_t peak = 0, live = 0;  // the step's peak of live bytes, a lower bound of the plan
+  std::vector<std::pair<std::uint32_t, std::size_t>> frees;
+  for (std::uint32_t i = 0; i < step.size(); ++i) frees.emplace_back(i + step[i].freed_after, step[i].bytes);
+  for (std::uint32_t i = 0; i < step.size(); ++i) {
+    for (const auto& [at, bytes] : frees) live -= at == i ? bytes : 0;
+    live += step[i].bytes;
+    peak = std::max(peak, live);
+  }
+  EXPECT_GE(plan.slab_bytes(), peak);
+  EXPECT_LE(plan.slab_bytes(), peak * 13 / 10);
+  for (int i = 0; i < 5; ++i) driver.run(step, false);
+  EXPECT_EQ(plan.phase(), Phase::following);
+  EXPECT_EQ(driver.from_slab(), 5 * step.size());  // every request of every step after the plan
+  EXPECT_EQ(plan.served(), 5 * step.size());
+}
+
+TEST(StepPlan, AStepRepeatedWithoutADeviceCallIsNotPlanned) {
+  std::mt19937_64 rng(2);
+  const std::vector<Block> step = random_step(rng, 100);
+  StepPlan plan;
+  Driver driver(plan);
+  for (int i = 0; i < 6; ++i) driver.run(step, i == 0);
+  EXPECT_EQ(plan.phase(), Phase::learning);
+  EXPECT_EQ(plan.plans(), 0u);
+}
+
+// Layers: each allocates the same sizes, and one block of each lives until
+// the end of the step (saved for the backward pass). A layer repeats, but it
+// is no step: the step (all layers, then the frees) is what gets planned.
+TEST(StepPlan, APhaseWhoseBlocksLiveOnIsNoStep) {
+  StepPlan plan;
+  Driver driver(plan);
+  const auto step = [&](bool calls) {
+    std::vector<std::size_t> saved;
+    for (int layer = 0; layer < 12; ++layer) {
+      saved.push_back(driver.request(8 * MiB, kDefaultStream, calls));
+      const std::size_t temporary = driver.request(24 * MiB, kDefaultStream, calls);
+      driver.release(temporary, kDefaultStream);
+    }
+    const std::size_t loss = driver.request(2 * MiB, kDefaultStream, calls);
+    for (std::size_t block : saved) driver.release(block, kDefaultStream);
+    driver.release(loss, kDefaultStream);
+  };
+  step(true);
+  step(true);
+  ASSERT_EQ(plan.phase(), Phase::armed);
+  EXPECT_EQ(plan.slab_bytes(), (12 * 8 + 24) * MiB);  // the saved blocks side by side, one temporary
+  step(false);
+  step(false);
+  EXPECT_EQ(driver.from_slab(), 2 * 25u);
+}
+
+TEST(StepPlan, AStepOnTwoStreamsIsNotPlanned) {
+  std::mt19937_64 rng(3);
+  const std::vector<Block> step = random_step(rng, 50);
+  StepPlan plan;
+  Driver driver(plan);
+  for (int i = 0; i < 3; ++i) {
+    driver.run(step, true, 1);
+    driver.run(step, true, 2);
+  }
+  EXPECT_EQ(plan.phase(), Phase::learning);
+}
+
+TEST(StepPlan, AMissLosesThePlaceUntilTheStepStartsAgain) {
+  std::mt19937_64 rng(4);
+  const std::vector<Block> step = random_step(rng, 40);
+  StepPlan plan;
+  Driver driver(plan);
+  driver.run(step, true);
+  driver.run(step, true);
+  driver.run(step, false);
+  ASSERT_EQ(plan.phase(), Phase::following);
+  const std::size_t before = driver.from_slab();
+  std::vector<Block> changed = step;
+  changed[10].bytes += 1 * MiB;  // a request the plan does not expect
+  driver.run(changed, false);
+  EXPECT_EQ(driver.from_slab() - before, 10u);  // those before the miss
+  driver.run(step, false);  // found again at the step's start
+  EXPECT_EQ(plan.phase(), Phase::following);
+  EXPECT_EQ(driver.from_slab() - before, 10u + step.size());
+  // A program that changed for good: the plan is given up.
+  std::vector<Block> other = random_step(rng, 40);
+  for (int i = 0; i < 6; ++i) driver.run(other, false);
+  EXPECT_EQ(plan.phase(), Phase::retiring);
+}
+
+// The safety property: a program that strays from its plan, freeing late,
+// freeing early, skipping and adding requests, never gets two live blocks that
+// overlap, over many random programs.
+TEST(StepPlan, BlocksHandedOutNeverOverlapWhateverTheProgramDoes) {
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const std::vector<Block> step = random_step(rng, 30 + static_cast<std::uint32_t>(seed % 50));
+    StepPlan plan;
+    Driver driver(plan);
+    driver.run(step, true);
+    driver.run(step, true);
+    driver.run(step, false);  // the plan's slab opens at the step's start
+    for (int round = 0; round < 6; ++round) {
+      std::vector<Block> strayed = step;
+      for (Block& block : strayed) {
+        const auto dice = rng() % 10;
+        if (dice == 0) block.freed_after += static_cast<std::uint32_t>(rng() % 20);  // late, maybe into the next step
+        if (dice == 1) block.freed_after = 1;                                      // early
+      }
+      if (rng() % 3 == 0) strayed.erase(strayed.begin() + static_cast<std::ptrdiff_t>(rng() % strayed.size()));
+      // Frees past the step's end happen at its end here (Driver::run), so
+      // "late" also means "held across the step's start".
+      driver.run(strayed, false);
+      driver.run(step, false);
+    }
+    EXPECT_EQ(driver.overlaps(), 0u);
+    EXPECT_GT(driver.from_slab(), 0u);
+  }
+}
+
+// Blocks that live on past the next step's start: held over the start by a
+// step that frees them late, so the next copy of the step must not get their
+// slots while they live.
+TEST(StepPlan, ABlockStillLiveWhenItsSlotComesAgainIsNotOverlapped) {
+  StepPlan plan;
+  Driver driver(plan);
+  const std::vector<Block> step = {{4 * MiB, 1}, {8 * MiB, 1}, {4 * MiB, 1}};
+  for (int i = 0; i < 8; ++i) driver.run(step, true);  // a short step repeats kWindow requests before it is found
+  driver.run(step, false);
+  ASSERT_EQ(plan.phase(), Phase::following);
+  const std::size_t held = driver.request(4 * MiB, kDefaultStream);  // the step's first block, kept
+  const std::size_t slab_before = driver.from_slab();
+  driver.release(driver.request(8 * MiB, kDefaultStream), kDefaultStream);
+  driver.release(driver.request(4 * MiB, kDefaultStream), kDefaultStream);
+  driver.run(step, false);  // the first block's slot while `held` lives there
+  EXPECT_EQ(driver.overlaps(), 0u);
+  EXPECT_LT(driver.from_slab() - slab_before, 5u);  // some went to the arena
+  driver.release(held, kDefaultStream);
+  const std::size_t after = driver.from_slab();
+  driver.run(step, false);
+  driver.run(step, false);
+  EXPECT_EQ(driver.from_slab() - after, 6u);  // and the slab serves all once it is freed
+}
+
+TEST(StepPlan, ASecondFreeOrAPointerIntoABlockIsAClearError) {
+  StepPlan plan;
+  Driver driver(plan);
+  const std::vector<Block> step = {{4 * MiB, 2}, {8 * MiB, 1}};
+  for (int i = 0; i < 9; ++i) driver.run(step, true);
+  ASSERT_EQ(plan.phase(), Phase::armed);
+  ASSERT_TRUE(plan.wants_slab(4 * MiB, kDefaultStream));
+  plan.opened();
+  const std::optional<std::uint64_t> first = plan.take(4 * MiB, kDefaultStream);
+  ASSERT_TRUE(first);
+  Expected<std::size_t> inside = plan.give_back(*first + 256, kDefaultStream, 0x1100);
+  ASSERT_FALSE(inside);
+  EXPECT_EQ(inside.error().code(), Errc::invalid_pointer);
+  EXPECT_NE(inside.error().message().find("no block starts"), std::string::npos);
+  ASSERT_TRUE(plan.give_back(*first, kDefaultStream, 0x1000));
+  Expected<std::size_t> again = plan.give_back(*first, kDefaultStream, 0x1000);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), Errc::double_free);
+  EXPECT_NE(again.error().message().find("freed twice"), std::string::npos);
+  // A free on another stream is waited for before the slab serves again.
+  const std::optional<std::uint64_t> second = plan.take(8 * MiB, kDefaultStream);
+  ASSERT_TRUE(second);
+  ASSERT_TRUE(plan.give_back(*second, 7, 0x2000));
+  EXPECT_EQ(plan.pending_streams(), std::vector<Stream>{7});
+}
+
+// --- the pool served from a plan ---------------------------------------------
+
+std::unique_ptr<ExpandablePool> expandable(std::shared_ptr<Device> device) {
+  auto pool = ExpandablePool::create(std::move(device));
+  if (!pool) throw Exception(pool.error());
+  return std::move(pool).value();
+}
+
+// A step whose sizes change from block to block, so that best fit leaves
+// holes that later steps fill differently, on a device small enough that the
+// pool steals: once the plan is laid, a step makes no device call, and every
+// block keeps what was written to it.
+TEST(ExpandablePoolStepPlan, ARepeatingStepIsServedFromItsPlanWithNoDeviceCall) {
+  auto pool = expandable(host_device(2 * GiB));
+  const auto device_calls = [&] {
+    const Stats stats = pool->stats();
+    return stats.num_device_allocs + stats.num_device_frees + stats.num_maps + stats.num_unmaps;
+  };
+  std::mt19937_64 rng(11);
+  const std::vector<Block> step = random_step(rng, 120);
+  std::uint64_t seed = 0;
+  const auto run = [&] {
+    std::vector<std::pair<std::uint32_t, std::pair<void*, std::uint64_t>>> due;
+    for (std::uint32_t i = 0; i <= step.size(); ++i) {
+      for (auto it = due.begin(); it != due.end();) {
+        if (it->first != i) {
+          ++it;
+          continue;
+        }
+        auto [ptr, block_seed] = it->second;
+        EXPECT_EQ(*static_cast<std::uint64_t*>(ptr), block_seed);
+        ASSERT_TRUE(pool->deallocate(ptr));
+        it = due.erase(it);
+      }
+      if (i == step.size()) break;
+      Expected<void*> ptr = pool->allocate(step[i].bytes);
+      ASSERT_TRUE(ptr) << ptr.error().message();
+      *static_cast<std::uint64_t*>(*ptr) = ++seed;
+      due.push_back({i + step[i].freed_after, {*ptr, seed}});
+    }
+  };
+  for (int i = 0; i < 3; ++i) run();
+  const std::string dump = pool->dump();
+  EXPECT_NE(dump.find("step plan: following"), std::string::npos) << dump;
+  const std::int64_t calls = device_calls();
+  for (int i = 0; i < 5; ++i) run();
+  EXPECT_EQ(device_calls(), calls);
+  // A second free of a slab block is caught, and trim gives the slab back
+  // once nothing lives in it.
+  Expected<void*> ptr = pool->allocate(step[0].bytes);
+  ASSERT_TRUE(ptr);
+  ASSERT_TRUE(pool->deallocate(*ptr));
+  Status again = pool->deallocate(*ptr);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), Errc::double_free);
+  pool->trim();
+  EXPECT_EQ(pool->stats().bytes_mapped, 0);
+  EXPECT_NE(pool->dump().find("step plan: learning"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tidepool::test
