@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <cstdlib>
 
 #include "pool/lifetime_plan.hpp"
 #include "tidepool/units.hpp"
@@ -31,9 +32,15 @@ std::uint64_t StepPlan::key_of(const Logged& entry) const noexcept {
 }
 
 void StepPlan::restart_log() noexcept {
+  // Back to the first tables' size, so that a short step logged next stays in cache.
+  if (!log_.empty() || logged_live_count_ != 0) {
+    seen_.assign(std::size_t{1} << kFirstTableBits, Seen{});
+    seen_bits_ = kFirstTableBits;
+    logged_live_.assign(std::size_t{1} << kFirstTableBits, LiveSlot{});
+  }
   log_.clear();
-  logged_live_.clear();
-  seen_.clear();
+  logged_live_count_ = 0;
+  anchors_ = 0;
   hash_ = 0;
   candidates_.clear();
 }
@@ -43,8 +50,78 @@ void StepPlan::pause(std::uint64_t requests) noexcept {
   paused_for_ = requests;
 }
 
+namespace {
+std::uint32_t home_of(const void* ptr, std::size_t slots) noexcept {
+  const auto key = reinterpret_cast<std::uintptr_t>(ptr) * 0x9E3779B97F4A7C15ULL;
+  return static_cast<std::uint32_t>(key >> 40) & static_cast<std::uint32_t>(slots - 1);
+}
+}  // namespace
+
+void StepPlan::grow_live() {
+  std::vector<LiveSlot> old = std::move(logged_live_);
+  logged_live_.assign(old.empty() ? std::size_t{1} << kFirstTableBits : 2 * old.size(), LiveSlot{});
+  logged_live_count_ = 0;
+  for (const LiveSlot& slot : old) {
+    if (slot.ptr != nullptr) live_insert(slot.ptr, slot.index);
+  }
+}
+
+void StepPlan::grow_seen() {
+  std::vector<Seen> old = std::move(seen_);
+  seen_bits_ = old.empty() ? kFirstTableBits : seen_bits_ + 1;
+  seen_.assign(std::size_t{1} << seen_bits_, Seen{});
+  for (const Seen& seen : old) {
+    if (seen.first != kLive) seen_slot(seen.hash) = seen;  // each window once: never a collision of equals
+  }
+}
+
+void StepPlan::live_insert(const void* ptr, std::uint32_t index) {
+  if (2 * (logged_live_count_ + 1) > logged_live_.size()) grow_live();
+  const auto mask = static_cast<std::uint32_t>(logged_live_.size() - 1);
+  for (std::uint32_t at = home_of(ptr, logged_live_.size());; at = (at + 1) & mask) {
+    LiveSlot& slot = logged_live_[at];
+    if (slot.ptr == nullptr) ++logged_live_count_;
+    if (slot.ptr == nullptr || slot.ptr == ptr) {
+      slot = {ptr, index};
+      return;
+    }
+  }
+}
+
+std::uint32_t StepPlan::live_take(const void* ptr) noexcept {
+  if (logged_live_count_ == 0) return kLive;
+  const auto mask = static_cast<std::uint32_t>(logged_live_.size() - 1);
+  std::uint32_t at = home_of(ptr, logged_live_.size());
+  while (logged_live_[at].ptr != ptr) {
+    if (logged_live_[at].ptr == nullptr) return kLive;
+    at = (at + 1) & mask;
+  }
+  const std::uint32_t index = logged_live_[at].index;
+  --logged_live_count_;
+  // Backward-shift deletion: each later entry of the run whose home does not
+  // lie cyclically in (at, next] moves into the hole.
+  for (std::uint32_t next = (at + 1) & mask; logged_live_[next].ptr != nullptr; next = (next + 1) & mask) {
+    const std::uint32_t home = home_of(logged_live_[next].ptr, logged_live_.size());
+    const bool stays = at <= next ? (at < home && home <= next) : (at < home || home <= next);
+    if (stays) continue;
+    logged_live_[at] = logged_live_[next];
+    at = next;
+  }
+  logged_live_[at] = {};
+  return index;
+}
+
 void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
-  if (phase_ != Phase::learning) return;
+  static const bool off = getenv("TP_OFF") != nullptr;
+  if (off) return;
+  if (phase_ != Phase::learning && phase_ != Phase::armed) return;
+  if (device_calls != last_calls_) {
+    last_calls_ = device_calls;
+    quiet_for_ = 0;
+  } else if (++quiet_for_ > kMaxPeriod) {
+    if (!log_.empty()) restart_log();
+    return;
+  }
   if (paused_for_ > 0) {
     --paused_for_;
     return;
@@ -54,9 +131,11 @@ void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, s
     next_pause_ = std::min(2 * next_pause_, kMaxPause);
     return;
   }
+  if (log_.capacity() == 0) log_.reserve(kLogCapacity);  // pages are touched as the log grows, never copied
+  if (2 * (anchors_ + 1) > seen_.size()) grow_seen();
   const auto index = static_cast<std::uint32_t>(log_.size());
   log_.push_back({bytes, stream, kLive, 0, device_calls});
-  logged_live_[ptr] = index;
+  live_insert(ptr, index);
   static constexpr std::uint64_t kBaseToWindow = base_to_window();
   hash_ = hash_ * kBase + key_of(log_.back());
   if (index >= kWindow) hash_ -= key_of(log_[index - kWindow]) * kBaseToWindow;
@@ -66,9 +145,16 @@ void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, s
     return log_[a].bytes == log_[b].bytes && log_[a].stream == log_[b].stream;
   };
   std::erase_if(candidates_, [&](const Candidate& candidate) { return !same(index, index - candidate.period); });
-  auto [seen, fresh] = seen_.try_emplace(hash_, Seen{index, index});
-  if (!fresh) {
-    for (const std::uint32_t before : {seen->second.latest, seen->second.first}) {
+  // Windows are remembered only at anchors, a quarter of them picked by their
+  // own hash: a repeat has its anchors where the first copy had them, and the
+  // table stays small enough to stay in cache.
+  Seen* seen = (hash_ & kAnchorMask) == 0 ? &seen_slot(hash_) : nullptr;
+  if (seen == nullptr) {
+  } else if (seen->first == kLive) {
+    *seen = {hash_, index, index};
+    ++anchors_;
+  } else {
+    for (const std::uint32_t before : {seen->latest, seen->first}) {
       const std::uint32_t period = index - before;
       if (period > kMaxPeriod || candidates_.size() == kCandidates) break;
       if (std::none_of(candidates_.begin(), candidates_.end(),
@@ -76,7 +162,7 @@ void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, s
         candidates_.push_back({period, kWindow - 1});  // the window matched (confirm() checks in full)
       }
     }
-    seen->second.latest = index;
+    seen->latest = index;
   }
   for (std::size_t i = 0; i < candidates_.size(); ++i) {
     Candidate& candidate = candidates_[i];
@@ -89,17 +175,22 @@ void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, s
 }
 
 void StepPlan::record_free(const void* ptr, Stream stream) {
-  if (phase_ != Phase::learning || logged_live_.empty()) return;
-  auto found = logged_live_.find(ptr);
-  if (found == logged_live_.end()) return;
-  log_[found->second].freed_at = static_cast<std::uint32_t>(log_.size());
-  log_[found->second].freed_on = stream;
-  logged_live_.erase(found);
+  if (phase_ != Phase::learning && phase_ != Phase::armed) return;
+  const std::uint32_t index = live_take(ptr);
+  if (index == kLive) return;
+  log_[index].freed_at = static_cast<std::uint32_t>(log_.size());
+  log_[index].freed_on = stream;
 }
 
 bool StepPlan::confirm(std::uint32_t period) {
   const auto end = static_cast<std::uint32_t>(log_.size());
   const std::uint32_t first = end - 2 * period;  // the older copy: [first, first + period)
+  // A loop of fewer requests than a window is no step worth a slab; while
+  // armed, only a longer step (the one the armed plan is part of) replaces it.
+  if (period < kWindow || (phase_ == Phase::armed && period <= slots_.size())) return false;
+  // The pool repeated it without a device call: no plan needed (a longer
+  // step may still be found).
+  if (log_[end - 1].calls == log_[first + period - 1].calls) return false;
   const Stream stream = log_[first].stream;
   for (std::uint32_t k = first; k < end; ++k) {
     const Logged& entry = log_[k];
@@ -118,11 +209,6 @@ bool StepPlan::confirm(std::uint32_t period) {
     if (again.freed_at == kLive ? end - (k + period) > lifetime : again.freed_at - (k + period) != lifetime) {
       return false;
     }
-  }
-  // The pool repeated it without a device call: no plan needed (a longer
-  // step may still be found).
-  if (log_[end - 1].calls == log_[first + period - 1].calls) {
-    return false;
   }
   if (!plan_step(first, period)) {
     pause(next_pause_);
@@ -207,18 +293,26 @@ bool StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
   // The next request is the one after the newer copy: position 0 of the
   // older copy, `cut` before the plan's start.
   position_ = (period - cut) % period;
-  phase_ = Phase::armed;
+  phase_ = Phase::armed;  // the log goes on: a longer step may still replace this one
   ++plans_;
-  restart_log();
   return true;
 }
 
 void StepPlan::opened() noexcept {
+  restart_log();
   phase_ = Phase::following;
   position_ = 0;
   now_ = 0;
   lost_requests_ = 0;
   next_pause_ = kLogCapacity;
+}
+
+void StepPlan::disarm() noexcept {
+  phase_ = Phase::learning;
+  slots_.clear();
+  ends_at_.clear();
+  group_of_offset_.clear();
+  footprint_ = unplanned_ = 0;
 }
 
 void StepPlan::drop() noexcept {
@@ -254,7 +348,7 @@ std::optional<std::uint64_t> StepPlan::take(std::size_t bytes, Stream stream) {
       return std::nullopt;
     case Phase::armed:
       if (!matches(position_, bytes, stream)) {
-        drop();  // the step changed before the plan was used
+        disarm();  // not the step after all (or it changed): learning goes on
       } else {
         position_ = (position_ + 1) % period;
       }

@@ -54,7 +54,7 @@ class StepPlan {
   /// milliseconds, on the allocating thread, once).
   static constexpr std::uint32_t kMaxPeriod = 1u << 14;
   /// Requests logged before the log starts again (two copies of the longest step).
-  static constexpr std::uint32_t kLogCapacity = 2 * kMaxPeriod + kWindow;
+  static constexpr std::uint32_t kLogCapacity = 2 * kMaxPeriod;
   /// Planning work bound (plan_lifetimes): well under a second.
   static constexpr std::uint64_t kMaxWork = std::uint64_t{1} << 26;
   /// Steps' worth of requests that miss the plan, with no whole step
@@ -68,9 +68,9 @@ class StepPlan {
 
   // --- learning -----------------------------------------------------------
   /// A large request served by the arena at `ptr`; `device_calls`: the pool's
-  /// maps, unmaps, creates and releases so far. Ignored unless learning.
+  /// maps, unmaps, creates and releases so far. Ignored unless learning or armed.
   void record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
-  /// A large arena block freed. Ignored unless learning.
+  /// A large arena block freed. Ignored unless learning or armed.
   void record_free(const void* ptr, Stream stream);
 
   // --- armed ----------------------------------------------------------------
@@ -141,18 +141,53 @@ class StepPlan {
   /// (planned, or learning paused).
   bool confirm(std::uint32_t period);
   bool plan_step(std::uint32_t first, std::uint32_t period);
+  /// An armed plan missed: learning goes on, its log kept.
+  void disarm() noexcept;
   /// The slab's time moves to the next request: slots due to end by now become overdue.
   void advance() noexcept;
 
   Phase phase_ = Phase::learning;
   // learning
   std::vector<Logged> log_;
-  std::unordered_map<const void*, std::uint32_t> logged_live_;  // arena block -> its log index
-  struct Seen {
-    std::uint32_t first, latest;  // where a window first and last ended
+  // Two flat tables, each at least twice what it holds (from 1,024 slots to
+  // 2^16): logging a request costs a few probes in memory that stays in cache
+  // for a short step, and no allocation.
+  static constexpr unsigned kFirstTableBits = 10;
+  static constexpr unsigned kMaxTableBits = 16;
+  static_assert((std::size_t{1} << kMaxTableBits) >= 2 * kLogCapacity);
+  struct LiveSlot {
+    const void* ptr = nullptr;  // an arena block logged and not freed yet; null: empty
+    std::uint32_t index = 0;    // its log index
   };
-  std::unordered_map<std::uint64_t, Seen> seen_;  // by the window's hash
+  std::vector<LiveSlot> logged_live_;  // open addressing, linear probing, by pointer
+  std::uint32_t logged_live_count_ = 0;
+  void live_insert(const void* ptr, std::uint32_t index);
+  /// The log index of `ptr`, taken out of the table; kLive when it is not there.
+  std::uint32_t live_take(const void* ptr) noexcept;
+  struct Seen {
+    std::uint64_t hash = 0;
+    std::uint32_t first = kLive, latest = kLive;  // where the window first and last ended; kLive: empty
+  };
+  std::vector<Seen> seen_;  // open addressing by the window's hash, linear probing; never erased but all at once
+  static constexpr std::uint64_t kAnchorMask = 3;  // a window whose hash has these bits clear is an anchor
+  std::uint32_t anchors_ = 0;                      // windows in seen_
+  unsigned seen_bits_ = 0;
+  /// The window's entry, or the empty slot where it goes.
+  Seen& seen_slot(std::uint64_t hash) noexcept {
+    const std::size_t mask = seen_.size() - 1;
+    std::size_t at = hash >> (64 - seen_bits_);
+    while (seen_[at].first != kLive && seen_[at].hash != hash) at = (at + 1) & mask;
+    return seen_[at];
+  }
+  /// Makes the tables (first use) or doubles them (reinserting what they hold).
+  void grow_live();
+  void grow_seen();
   std::uint64_t hash_ = 0;
+  // Device calls: a step is worth planning only if its newer copy made one,
+  // so a pool quiet for longer than the longest step logs nothing until its
+  // next call: a warm pool pays one comparison a request.
+  std::int64_t last_calls_ = -1;
+  std::uint64_t quiet_for_ = 0;
   struct Candidate {
     std::uint32_t period;
     std::uint32_t run;  // requests in a row equal to the one a period before
