@@ -118,7 +118,7 @@ void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, s
   if (device_calls != last_calls_) {
     last_calls_ = device_calls;
     quiet_for_ = 0;
-  } else if (++quiet_for_ > kMaxPeriod) {
+  } else if (++quiet_for_ > kQuietLimit) {
     if (!log_.empty()) restart_log();
     return;
   }

@@ -184,8 +184,11 @@ class StepPlan {
   void grow_seen();
   std::uint64_t hash_ = 0;
   // Device calls: a step is worth planning only if its newer copy made one,
-  // so a pool quiet for longer than the longest step logs nothing until its
-  // next call: a warm pool pays one comparison a request.
+  // so a pool quiet for kQuietLimit requests logs nothing until its next
+  // call: a warm pool pays one comparison a request. A step whose calls come
+  // further apart than that is learnt only where two of its copies fit
+  // between such gaps.
+  static constexpr std::uint64_t kQuietLimit = 4096;
   std::int64_t last_calls_ = -1;
   std::uint64_t quiet_for_ = 0;
   struct Candidate {
