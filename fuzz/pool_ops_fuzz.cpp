@@ -194,14 +194,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       free_one(in.next() % order.size(), (op & 0x10) ? 1 : 0, (op & 0x20) != 0);
     } else if (op % 8 == 7 && (op & 0x40) == 0 && (op & 0x20) != 0) {
       // A step repeated (the expandable pool's step plan, step_plan.hpp):
-      // up to 24 blocks, each freed a number of requests after its own,
-      // the whole step run 3 to 10 times; every 4th run a block is freed
-      // late, past the next run's start, and a run may stop early.
-      const std::size_t count = 1 + in.next() % 24;
+      // up to 40 large blocks (a plan takes steps of 16 requests or more),
+      // each freed a number of requests after its own, the whole step run 3
+      // to 10 times; every 4th run a block is freed late, past the next
+      // run's start, and a run may stop early.
+      const std::size_t count = 1 + in.next() % 40;
       const std::size_t runs = 3 + in.next() % 8;
       std::vector<std::size_t> sizes, after;
       for (std::size_t i = 0; i < count; ++i) {
-        sizes.push_back(decode_size(in));
+        const std::size_t raw = (std::size_t{in.next()} << 8) | in.next();
+        sizes.push_back((1 + raw % 4) * MiB + raw % 4096);  // 1 .. 5 MiB
         after.push_back(1 + in.next() % (count - i));
       }
       std::size_t stop_at = in.next() % (count * runs + 1);  // a run stops there, once
