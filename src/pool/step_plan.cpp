@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <cstdlib>
 
 #include "pool/lifetime_plan.hpp"
 #include "tidepool/units.hpp"
@@ -39,6 +38,7 @@ void StepPlan::restart_log() noexcept {
     logged_live_.assign(std::size_t{1} << kFirstTableBits, LiveSlot{});
   }
   log_.clear();
+  scanned_ = 0;
   logged_live_count_ = 0;
   anchors_ = 0;
   hash_ = 0;
@@ -112,8 +112,6 @@ std::uint32_t StepPlan::live_take(const void* ptr) noexcept {
 }
 
 void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
-  static const bool off = getenv("TP_OFF") != nullptr;
-  if (off) return;
   if (phase_ != Phase::learning && phase_ != Phase::armed) return;
   if (device_calls != last_calls_) {
     last_calls_ = device_calls;
@@ -132,45 +130,69 @@ void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, s
     return;
   }
   if (log_.capacity() == 0) log_.reserve(kLogCapacity);  // pages are touched as the log grows, never copied
-  if (2 * (anchors_ + 1) > seen_.size()) grow_seen();
   const auto index = static_cast<std::uint32_t>(log_.size());
   log_.push_back({bytes, stream, kLive, 0, device_calls});
   live_insert(ptr, index);
-  static constexpr std::uint64_t kBaseToWindow = base_to_window();
-  hash_ = hash_ * kBase + key_of(log_.back());
-  if (index >= kWindow) hash_ -= key_of(log_[index - kWindow]) * kBaseToWindow;
-  if (index + 1 < kWindow) return;
+  // Only a step whose newer copy made a device call is planned, and a copy
+  // ends at the latest request: while the pool is quiet the log only grows,
+  // and the search catches up at its next call (a sequential pass).
+  if (quiet_for_ <= kEagerRequests) scan();
+}
 
+void StepPlan::scan() {
+  static constexpr std::uint64_t kBaseToWindow = base_to_window();
   auto same = [this](std::uint32_t a, std::uint32_t b) {
     return log_[a].bytes == log_[b].bytes && log_[a].stream == log_[b].stream;
   };
-  std::erase_if(candidates_, [&](const Candidate& candidate) { return !same(index, index - candidate.period); });
-  // Windows are remembered only at anchors, a quarter of them picked by their
-  // own hash: a repeat has its anchors where the first copy had them, and the
-  // table stays small enough to stay in cache.
-  Seen* seen = (hash_ & kAnchorMask) == 0 ? &seen_slot(hash_) : nullptr;
-  if (seen == nullptr) {
-  } else if (seen->first == kLive) {
-    *seen = {hash_, index, index};
-    ++anchors_;
-  } else {
-    for (const std::uint32_t before : {seen->latest, seen->first}) {
-      const std::uint32_t period = index - before;
-      if (period > kMaxPeriod || candidates_.size() == kCandidates) break;
-      if (std::none_of(candidates_.begin(), candidates_.end(),
-                       [period](const Candidate& candidate) { return candidate.period == period; })) {
-        candidates_.push_back({period, kWindow - 1});  // the window matched (confirm() checks in full)
+  while (scanned_ < log_.size()) {
+    const std::uint32_t index = scanned_++;
+    if (phase_ == Phase::armed && index >= armed_at_ && index < armed_until_) {
+      // Planned during this catch-up: the requests logged since must follow
+      // the plan (those after them take() matches as they come).
+      if (!matches(position_, log_[index].bytes, log_[index].stream)) {
+        disarm();
+      } else {
+        position_ = (position_ + 1) % static_cast<std::uint32_t>(slots_.size());
       }
     }
-    seen->latest = index;
-  }
-  for (std::size_t i = 0; i < candidates_.size(); ++i) {
-    Candidate& candidate = candidates_[i];
-    if (++candidate.run < candidate.period || index + 1 < 2 * candidate.period) continue;
-    const std::uint32_t period = candidate.period;
-    candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(i));
-    if (confirm(period)) return;  // planned or paused: the log is gone
-    --i;
+    hash_ = hash_ * kBase + key_of(log_[index]);
+    if (index >= kWindow) hash_ -= key_of(log_[index - kWindow]) * kBaseToWindow;
+    if (index + 1 < kWindow) continue;
+    std::erase_if(candidates_, [&](const Candidate& candidate) { return !same(index, index - candidate.period); });
+    // Windows are remembered only at anchors, a quarter of them picked by
+    // their own hash: a repeat has its anchors where the first copy had
+    // them, and the table stays small enough to stay in cache.
+    if ((hash_ & kAnchorMask) == 0) {
+      if (2 * (anchors_ + 1) > seen_.size()) grow_seen();
+      Seen& seen = seen_slot(hash_);
+      if (seen.first == kLive) {
+        seen = {hash_, index, index};
+        ++anchors_;
+      } else {
+        for (const std::uint32_t before : {seen.latest, seen.first}) {
+          const std::uint32_t period = index - before;
+          if (period > kMaxPeriod || candidates_.size() == kCandidates) break;
+          if (std::none_of(candidates_.begin(), candidates_.end(),
+                           [period](const Candidate& candidate) { return candidate.period == period; })) {
+            candidates_.push_back({period, kWindow - 1});  // the window matched (confirm() checks in full)
+          }
+        }
+        seen.latest = index;
+      }
+    }
+    for (std::size_t i = 0; i < candidates_.size(); ++i) {
+      Candidate& candidate = candidates_[i];
+      if (++candidate.run < candidate.period || index + 1 < 2 * candidate.period) continue;
+      const std::uint32_t period = candidate.period;
+      candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(i));
+      if (confirm(period, index + 1)) {
+        if (log_.empty()) return;  // paused: the log is gone
+        armed_at_ = index + 1;  // planned: the requests logged after `index` are matched above
+        armed_until_ = static_cast<std::uint32_t>(log_.size());
+        break;
+      }
+      --i;
+    }
   }
 }
 
@@ -182,8 +204,7 @@ void StepPlan::record_free(const void* ptr, Stream stream) {
   log_[index].freed_on = stream;
 }
 
-bool StepPlan::confirm(std::uint32_t period) {
-  const auto end = static_cast<std::uint32_t>(log_.size());
+bool StepPlan::confirm(std::uint32_t period, std::uint32_t end) {
   const std::uint32_t first = end - 2 * period;  // the older copy: [first, first + period)
   // A loop of fewer requests than a window is no step worth a slab; while
   // armed, only a longer step (the one the armed plan is part of) replaces it.

@@ -136,10 +136,12 @@ class StepPlan {
   void restart_log() noexcept;
   void pause(std::uint64_t requests) noexcept;
   std::uint64_t key_of(const Logged& entry) const noexcept;
-  /// The last 2P logged requests are two copies: plan the older one if it
-  /// is a step. False: it is not (the log goes on); true: the log is spent
-  /// (planned, or learning paused).
-  bool confirm(std::uint32_t period);
+  /// The search for a repeat over the requests logged and not scanned yet.
+  void scan();
+  /// The 2P logged requests before `end` are two copies: plan the older one
+  /// if it is a step. False: it is not (the search goes on); true: planned
+  /// (armed) or learning paused (the log is gone).
+  bool confirm(std::uint32_t period, std::uint32_t end);
   bool plan_step(std::uint32_t first, std::uint32_t period);
   /// An armed plan missed: learning goes on, its log kept.
   void disarm() noexcept;
@@ -189,6 +191,13 @@ class StepPlan {
   // further apart than that is learnt only where two of its copies fit
   // between such gaps.
   static constexpr std::uint64_t kQuietLimit = 4096;
+  /// Requests after a device call that are searched as they come; past that
+  /// the log only grows until the next call.
+  static constexpr std::uint64_t kEagerRequests = 64;
+  std::uint32_t scanned_ = 0;   // log entries the search has seen
+  // Planned in a catch-up at log index armed_at_: the entries logged then,
+  // up to armed_until_, are matched to the plan as the scan reaches them.
+  std::uint32_t armed_at_ = 0, armed_until_ = 0;
   std::int64_t last_calls_ = -1;
   std::uint64_t quiet_for_ = 0;
   struct Candidate {

@@ -47,7 +47,9 @@ class Driver {
 
   /// One step: requests in order, frees when due. `calls`: whether the arena
   /// makes device calls this step.
-  void run(const std::vector<Block>& step, bool calls, Stream stream = kDefaultStream) {
+  /// `only_at`: the one request that makes a call, if calls.
+  void run(const std::vector<Block>& step, bool calls, Stream stream = kDefaultStream,
+           std::size_t only_at = SIZE_MAX) {
     std::vector<std::pair<std::uint32_t, std::size_t>> due;  // (request it is freed before, block)
     for (std::uint32_t i = 0; i <= step.size(); ++i) {
       for (auto it = due.begin(); it != due.end();) {
@@ -59,7 +61,8 @@ class Driver {
         }
       }
       if (i == step.size()) break;
-      due.emplace_back(i + step[i].freed_after, request(step[i].bytes, stream, calls));
+      due.emplace_back(i + step[i].freed_after,
+                       request(step[i].bytes, stream, calls && (only_at == SIZE_MAX || only_at == i)));
     }
   }
 
@@ -153,6 +156,44 @@ TEST(StepPlan, LearnsARepeatingStepAndServesItFromItsPlan) {
   EXPECT_EQ(plan.phase(), Phase::following);
   EXPECT_EQ(driver.from_slab(), 5 * step.size());  // every request of every step after the plan
   EXPECT_EQ(plan.served(), 5 * step.size());
+}
+
+// A pool quiet for more than kEagerRequests only logs; its next device call
+// searches what was logged since. A step whose second copy makes one call,
+// at its last request, is planned (a few requests into the third, where the
+// repeat's first anchor puts the end of two whole copies), and followed from
+// the fourth.
+TEST(StepPlan, AStepFoundWhenTheCallComesLateIsFollowedFromTheNextStep) {
+  std::mt19937_64 rng(5);
+  const std::vector<Block> step = random_step(rng, 300);
+  StepPlan plan;
+  Driver driver(plan);
+  driver.run(step, true);
+  driver.run(step, true, kDefaultStream, step.size() - 1);
+  driver.run(step, false);
+  EXPECT_EQ(plan.phase(), Phase::armed);
+  driver.run(step, false);
+  driver.run(step, false);
+  EXPECT_EQ(plan.phase(), Phase::following);
+  EXPECT_EQ(driver.from_slab(), 2 * step.size());
+  // The call halfway through the second copy, and the next at the third's
+  // end: that call's search finds the two copies ending early in the third
+  // (their newer one holds the first call), plans them there and matches the
+  // rest of the third, logged quietly, to the plan; the slab opens at the
+  // fourth's start.
+  StepPlan other;
+  Driver again(other);
+  again.run(step, true);
+  again.run(step, true, kDefaultStream, step.size() / 2);
+  again.run(step, false);
+  EXPECT_EQ(other.phase(), Phase::learning);  // found, not yet searched
+  again.run(step, true, kDefaultStream, step.size() - 1);
+  EXPECT_EQ(other.phase(), Phase::armed);
+  again.run(step, false);
+  again.run(step, false);
+  EXPECT_EQ(other.phase(), Phase::following);
+  EXPECT_EQ(again.from_slab(), 2 * step.size());
+  EXPECT_EQ(again.overlaps(), 0u);
 }
 
 TEST(StepPlan, AStepRepeatedWithoutADeviceCallIsNotPlanned) {
