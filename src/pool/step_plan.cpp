@@ -111,7 +111,7 @@ std::uint32_t StepPlan::live_take(const void* ptr) noexcept {
   return index;
 }
 
-void StepPlan::record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
+void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
   if (phase_ != Phase::learning && phase_ != Phase::armed) return;
   if (device_calls != last_calls_) {
     last_calls_ = device_calls;
@@ -196,7 +196,7 @@ void StepPlan::scan() {
   }
 }
 
-void StepPlan::record_free(const void* ptr, Stream stream) {
+void StepPlan::log_free(const void* ptr, Stream stream) {
   if (phase_ != Phase::learning && phase_ != Phase::armed) return;
   const std::uint32_t index = live_take(ptr);
   if (index == kLive) return;

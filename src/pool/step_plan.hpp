@@ -69,9 +69,15 @@ class StepPlan {
   // --- learning -----------------------------------------------------------
   /// A large request served by the arena at `ptr`; `device_calls`: the pool's
   /// maps, unmaps, creates and releases so far. Ignored unless learning or armed.
-  void record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
+  void record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
+    // A quiet pool's path: nothing logged, one comparison.
+    if (device_calls == last_calls_ && quiet_for_ > kQuietLimit) return;
+    log_alloc(ptr, bytes, stream, device_calls);
+  }
   /// A large arena block freed. Ignored unless learning or armed.
-  void record_free(const void* ptr, Stream stream);
+  void record_free(const void* ptr, Stream stream) {
+    if (logged_live_count_ != 0) log_free(ptr, stream);
+  }
 
   // --- armed ----------------------------------------------------------------
   /// Armed and this request is the step's first: the pool opens the slab
@@ -136,6 +142,8 @@ class StepPlan {
   void restart_log() noexcept;
   void pause(std::uint64_t requests) noexcept;
   std::uint64_t key_of(const Logged& entry) const noexcept;
+  void log_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
+  void log_free(const void* ptr, Stream stream);
   /// The search for a repeat over the requests logged and not scanned yet.
   void scan();
   /// The 2P logged requests before `end` are two copies: plan the older one
