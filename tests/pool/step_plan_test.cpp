@@ -249,10 +249,7 @@ TEST(StepPlan, AMissLosesThePlaceUntilTheStepStartsAgain) {
   const std::vector<Block> step = random_step(rng, 40);
   StepPlan plan;
   Driver driver(plan);
-  driver.run(step, true);
-  driver.run(step, true);
-  driver.run(step, false);
-  ASSERT_EQ(plan.phase(), Phase::following);
+  learn(driver, plan, step);
   const std::size_t before = driver.from_slab();
   std::vector<Block> changed = step;
   changed[10].bytes += 1 * MiB;  // a request the plan does not expect
@@ -277,9 +274,7 @@ TEST(StepPlan, BlocksHandedOutNeverOverlapWhateverTheProgramDoes) {
     const std::vector<Block> step = random_step(rng, 30 + static_cast<std::uint32_t>(seed % 50));
     StepPlan plan;
     Driver driver(plan);
-    driver.run(step, true);
-    driver.run(step, true);
-    driver.run(step, false);  // the plan's slab opens at the step's start
+    learn(driver, plan, step);  // the plan's slab open, at the step's start
     for (int round = 0; round < 6; ++round) {
       std::vector<Block> strayed = step;
       for (Block& block : strayed) {
