@@ -31,12 +31,12 @@ std::uint64_t StepPlan::key_of(const Logged& entry) const noexcept {
 }
 
 void StepPlan::restart_log() noexcept {
-  // Back to the first tables' size, so that a short step logged next stays in cache.
-  if (!log_.empty() || logged_live_count_ != 0) {
-    seen_.assign(std::size_t{1} << kFirstTableBits, Seen{});
-    seen_bits_ = kFirstTableBits;
-    logged_live_.assign(std::size_t{1} << kFirstTableBits, LiveSlot{});
-  }
+  // The tables go (no allocation here: this runs on paths that cannot fail);
+  // the next request logged makes them at their first size, so that a short
+  // step logged next stays in cache.
+  std::vector<Seen>().swap(seen_);
+  seen_bits_ = 0;
+  std::vector<LiveSlot>().swap(logged_live_);
   log_.clear();
   scanned_ = 0;
   logged_live_count_ = 0;
