@@ -192,8 +192,11 @@ Expected<void*> attach(int fd, const std::string& name, std::size_t* mapped_byte
   };
   auto* header = static_cast<SegmentHeader*>(memory);
   while (header->init_state.load(std::memory_order_acquire) != kInitReady) {
+    // A pid of 0 is a creator that has sized the file but not yet written
+    // its pid (between its ftruncate and its header): it is waited for as
+    // one that is alive, up to the deadline.
     const int creator = header->creator_pid;
-    const bool creator_gone = creator <= 0 || (kill(creator, 0) != 0 && errno == ESRCH);
+    const bool creator_gone = creator < 0 || (creator > 0 && kill(creator, 0) != 0 && errno == ESRCH);
     if (creator_gone || Clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "share/segment.hpp"
 #include "share/ledger_test_support.hpp"
@@ -464,6 +466,39 @@ TEST(LedgerLock, AWaiterWhoseWakeUpIsLostStillGetsTheFreedLock) {
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - released);
   EXPECT_EQ(waited, "ok");
   EXPECT_LT(took.count(), 1000) << "the waiter slept on a free lock";
+}
+
+// Between a creator's ftruncate and its header, the segment is all zeros, its
+// creator pid too: a process opening it then waits, as for a creator that is
+// alive, rather than calling it "not a tidepool ledger" (which
+// ConcurrentCreatorsMakeOneSegment hit under load). Here the "creator" writes
+// a real header (a finished ledger's bytes) 200 ms after sizing the file, the
+// ready flag last.
+TEST(LedgerSegment, OpeningWaitsForACreatorThatHasNotWrittenItsPidYet) {
+  UniqueSegment model("model");
+  auto made = LedgerDevice::create(make_host(kCapacity), ledger_options(model.name()));
+  ASSERT_TRUE(made) << made.error().message();
+  std::vector<char> bytes(share::kSegmentBytes);
+  const int model_fd = shm_open(model.name().c_str(), O_RDONLY, 0);
+  ASSERT_GE(model_fd, 0);
+  ASSERT_EQ(pread(model_fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  close(model_fd);
+
+  UniqueSegment segment("slow-creator");
+  const int fd = shm_open(segment.name().c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchmod(fd, 0600), 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes.size())), 0);
+  std::thread creator([&] {
+    std::this_thread::sleep_for(200ms);
+    constexpr std::size_t kReady = sizeof(std::uint32_t);  // init_state, at offset 0
+    (void)!pwrite(fd, bytes.data() + kReady, bytes.size() - kReady, kReady);
+    (void)!pwrite(fd, bytes.data(), kReady, 0);
+  });
+  auto device = LedgerDevice::create(make_host(kCapacity), ledger_options(segment.name()));
+  creator.join();
+  close(fd);
+  EXPECT_TRUE(device) << device.error().message();
 }
 
 TEST(LedgerSegment, ConcurrentCreatorsMakeOneSegment) {
