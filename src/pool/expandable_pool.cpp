@@ -427,8 +427,8 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     tag = *awake;
   }
   pool::BestFitArena& arena = s.arena_for(small, tag_id);
-  const bool plannable = !small && tag == nullptr;
-  if (plannable) {
+  const bool large_untagged = !small && tag == nullptr;
+  if (large_untagged) {
     if (void* planned = s.take_planned(rounded, stream)) {
       s.usage.allocated(rounded);
       return planned;
@@ -436,10 +436,10 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   }
   // A large untagged block the arena serves: logged while the plan learns.
   auto record = [&](void* ptr) {
-    if (plannable && s.may_be_lazy()) s.plan.record_alloc(ptr, rounded, stream, s.device_calls());
+    if (large_untagged && s.may_be_lazy()) s.plan.record_alloc(ptr, rounded, stream, s.device_calls());
     return ptr;
   };
-  if (!small && tag == nullptr && !s.held.empty()) {
+  if (large_untagged && !s.held.empty()) {
     // Newest first. Chunk sizes are exact (the arena always splits), so a
     // held block of this size is what the arena would carve, already backed.
     for (std::size_t i = s.held.size(); i-- > 0;) {
@@ -453,7 +453,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     }
     s.complete_held();  // so the arena places this block knowing all free space
   }
-  if (!small && tag == nullptr && s.holds_back()) {
+  if (large_untagged && s.holds_back()) {
     if (s.hold_back.sampling()) s.hold_back.sample(rounded, stream);
     s.hold_back.asked(false);
   }
@@ -473,7 +473,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     s.sync_granules(block->base);
   }
   auto base = reinterpret_cast<std::uintptr_t>(block->base);
-  if (plannable && s.slab != nullptr && s.plan.phase() == pool::StepPlan::Phase::lost && s.plan.empty()) {
+  if (large_untagged && s.slab != nullptr && s.plan.phase() == pool::StepPlan::Phase::lost && s.plan.empty()) {
     // The program left its plan and this block needs memory: the plan is
     // retired, and the block placed again knowing the slab's space free.
     const auto [first, last] = s.granules_of(*s.space_of(base), base, block->bytes);

@@ -45,9 +45,10 @@ void StepPlan::restart_log() noexcept {
   candidates_.clear();
 }
 
-void StepPlan::pause(std::uint64_t requests) noexcept {
+void StepPlan::back_off() noexcept {
   restart_log();
-  paused_for_ = requests;
+  paused_for_ = next_pause_;
+  next_pause_ = std::min(2 * next_pause_, kMaxPause);
 }
 
 namespace {
@@ -125,8 +126,7 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
     return;
   }
   if (log_.size() == kLogCapacity) {  // no step of at most kMaxPeriod requests repeated in it
-    pause(next_pause_);
-    next_pause_ = std::min(2 * next_pause_, kMaxPause);
+    back_off();
     return;
   }
   if (log_.capacity() == 0) log_.reserve(kLogCapacity);  // pages are touched as the log grows, never copied
@@ -141,9 +141,6 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
 
 void StepPlan::scan() {
   static constexpr std::uint64_t kBaseToWindow = base_to_window();
-  auto same = [this](std::uint32_t a, std::uint32_t b) {
-    return log_[a].bytes == log_[b].bytes && log_[a].stream == log_[b].stream;
-  };
   while (scanned_ < log_.size()) {
     const std::uint32_t index = scanned_++;
     if (phase_ == Phase::armed && index >= armed_at_ && index < armed_until_) {
@@ -158,7 +155,8 @@ void StepPlan::scan() {
     hash_ = hash_ * kBase + key_of(log_[index]);
     if (index >= kWindow) hash_ -= key_of(log_[index - kWindow]) * kBaseToWindow;
     if (index + 1 < kWindow) continue;
-    std::erase_if(candidates_, [&](const Candidate& candidate) { return !same(index, index - candidate.period); });
+    std::erase_if(candidates_,
+                  [&](const Candidate& candidate) { return !same_request(index, index - candidate.period); });
     // Windows are remembered only at anchors, a quarter of them picked by
     // their own hash: a repeat has its anchors where the first copy had
     // them, and the table stays small enough to stay in cache.
@@ -216,9 +214,7 @@ bool StepPlan::confirm(std::uint32_t period, std::uint32_t end) {
   for (std::uint32_t k = first; k < end; ++k) {
     const Logged& entry = log_[k];
     if (entry.stream != stream) return false;  // one stream only
-    if (k >= first + period && (entry.bytes != log_[k - period].bytes || entry.stream != log_[k - period].stream)) {
-      return false;  // the window's hash matched, the requests did not
-    }
+    if (k >= first + period && !same_request(k, k - period)) return false;  // the hash matched, the requests did not
     if (k >= first + period) continue;
     // Every block of the older copy freed since, on the plan's stream: a
     // step, not a phase of one (a layer whose saved tensors live on).
@@ -231,10 +227,7 @@ bool StepPlan::confirm(std::uint32_t period, std::uint32_t end) {
       return false;
     }
   }
-  if (!plan_step(first, period)) {
-    pause(next_pause_);
-    next_pause_ = std::min(2 * next_pause_, kMaxPause);
-  }
+  if (!plan_step(first, period)) back_off();
   return true;
 }
 
@@ -337,19 +330,14 @@ void StepPlan::disarm() noexcept {
 }
 
 void StepPlan::drop() noexcept {
-  phase_ = Phase::learning;
-  slots_.clear();
-  ends_at_.clear();
-  group_of_offset_.clear();
+  disarm();
   live_in_group_.clear();
   handed_at_.clear();
   live_.clear();
   overdue_.clear();
-  footprint_ = unplanned_ = 0;
   live_count_ = overdue_count_ = 0;
   pending_.clear();
-  pause(next_pause_);
-  next_pause_ = std::min(2 * next_pause_, kMaxPause);
+  back_off();
 }
 
 void StepPlan::advance() noexcept {

@@ -12,11 +12,15 @@
 //   are logged; a rolling hash of the last kWindow requests finds an earlier
 //   spot where the same requests were made, so a candidate period P. Once the
 //   last P requests equal the P before, the older copy is the step: accepted
-//   if every block it allocated was freed since, on the one stream all its
-//   requests were made on, and if the pool made device calls during the newer
-//   copy (a pool that repeats a step without a call needs no plan). Periods
-//   inside a step (a model's layers) are rejected by the first rule: what one
-//   layer saves for the backward pass outlives the layer.
+//   if it has at least kWindow requests, every block it allocated was freed
+//   since, each as long after its request as its counterpart in the newer
+//   copy lives (so far), on the one stream all its requests were made on, and
+//   if the pool made device calls during the newer copy (a pool that repeats a
+//   step without a call needs no plan). Periods inside a step (a model's
+//   layers) are rejected by the freeing rule: what one layer saves for the
+//   backward pass outlives the layer. The search runs as requests come only
+//   shortly after a device call; otherwise the log grows and the next call
+//   searches it.
 // - armed: the step is planned (rotated to start where the fewest bytes are
 //   live across the cut); requests keep being matched against it until the
 //   step's start, where the pool maps one block of the plan's footprint, the
@@ -140,7 +144,11 @@ class StepPlan {
     return stream == stream_ && slots_[position].bytes == bytes;
   }
   void restart_log() noexcept;
-  void pause(std::uint64_t requests) noexcept;
+  /// The log goes and learning pauses, twice as long each time (up to kMaxPause).
+  void back_off() noexcept;
+  bool same_request(std::uint32_t a, std::uint32_t b) const noexcept {
+    return log_[a].bytes == log_[b].bytes && log_[a].stream == log_[b].stream;
+  }
   std::uint64_t key_of(const Logged& entry) const noexcept;
   void log_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
   void log_free(const void* ptr, Stream stream);
