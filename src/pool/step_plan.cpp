@@ -37,6 +37,7 @@ void StepPlan::restart_log() noexcept {
   std::vector<Seen>().swap(seen_);
   seen_bits_ = 0;
   std::vector<LiveSlot>().swap(logged_live_);
+  events_.clear();
   log_.clear();
   scanned_ = 0;
   logged_live_count_ = 0;
@@ -118,25 +119,48 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
     last_calls_ = device_calls;
     quiet_for_ = 0;
   } else if (++quiet_for_ > kQuietLimit) {
-    if (!log_.empty()) restart_log();
+    if (!log_.empty() || !events_.empty()) restart_log();
     return;
   }
   if (paused_for_ > 0) {
     --paused_for_;
     return;
   }
-  if (log_.size() == kLogCapacity) {  // no step of at most kMaxPeriod requests repeated in it
-    back_off();
-    return;
+  if (events_.size() == kMaxEvents) {
+    fold();
+    if (paused_for_ > 0) return;  // the log was full: learning pauses
   }
-  if (log_.capacity() == 0) log_.reserve(kLogCapacity);  // pages are touched as the log grows, never copied
-  const auto index = static_cast<std::uint32_t>(log_.size());
-  log_.push_back({bytes, stream, kLive, 0, device_calls});
-  live_insert(ptr, index);
+  if (events_.capacity() == 0) events_.reserve(kMaxEvents);  // pages are touched as it grows, never copied
+  events_.push_back({ptr, bytes, stream, device_calls});
   // Only a step whose newer copy made a device call is planned, and a copy
-  // ends at the latest request: while the pool is quiet the log only grows,
-  // and the search catches up at its next call (a sequential pass).
-  if (quiet_for_ <= kEagerRequests) scan();
+  // ends at the latest request: while the pool is quiet the events only
+  // pile up, and the next call logs and searches them (a sequential pass).
+  if (quiet_for_ <= kEagerRequests) {
+    fold();
+    scan();
+  }
+}
+
+void StepPlan::fold() {
+  for (std::size_t i = 0; i < events_.size(); ++i) {
+    const Event& event = events_[i];
+    if (event.bytes == 0) {
+      const std::uint32_t index = live_take(event.ptr);
+      if (index == kLive) continue;  // made before the log started
+      log_[index].freed_at = static_cast<std::uint32_t>(log_.size());
+      log_[index].freed_on = event.stream;
+      continue;
+    }
+    if (log_.size() == kLogCapacity) {  // no step of at most kMaxPeriod requests repeated in it
+      back_off();                       // (the events go too)
+      return;
+    }
+    if (log_.capacity() == 0) log_.reserve(kLogCapacity);  // pages are touched as the log grows, never copied
+    const auto index = static_cast<std::uint32_t>(log_.size());
+    log_.push_back({event.bytes, event.stream, kLive, 0, event.calls});
+    live_insert(event.ptr, index);
+  }
+  events_.clear();
 }
 
 void StepPlan::scan() {
@@ -196,10 +220,11 @@ void StepPlan::scan() {
 
 void StepPlan::log_free(const void* ptr, Stream stream) {
   if (phase_ != Phase::learning && phase_ != Phase::armed) return;
-  const std::uint32_t index = live_take(ptr);
-  if (index == kLive) return;
-  log_[index].freed_at = static_cast<std::uint32_t>(log_.size());
-  log_[index].freed_on = stream;
+  if (events_.size() == kMaxEvents) {
+    fold();
+    if (logged_live_count_ == 0) return;  // nothing logged it could free
+  }
+  events_.push_back({ptr, 0, stream, 0});
 }
 
 bool StepPlan::confirm(std::uint32_t period, std::uint32_t end) {

@@ -19,8 +19,9 @@
 //   step without a call needs no plan). Periods inside a step (a model's
 //   layers) are rejected by the freeing rule: what one layer saves for the
 //   backward pass outlives the layer. The search runs as requests come only
-//   shortly after a device call; otherwise the log grows and the next call
-//   searches it.
+//   shortly after a device call; otherwise requests and frees are only
+//   appended to a list of events, and the next call logs and searches them
+//   (a pool that has gone quiet pays an append a request, then nothing).
 // - armed: the step is planned (rotated to start where the fewest bytes are
 //   live across the cut); requests keep being matched against it until the
 //   step's start, where the pool maps one block of the plan's footprint, the
@@ -80,7 +81,7 @@ class StepPlan {
   }
   /// A large arena block freed. Ignored unless learning or armed.
   void record_free(const void* ptr, Stream stream) {
-    if (logged_live_count_ != 0) log_free(ptr, stream);
+    if (logged_live_count_ != 0 || !events_.empty()) log_free(ptr, stream);
   }
 
   // --- armed ----------------------------------------------------------------
@@ -152,6 +153,8 @@ class StepPlan {
   std::uint64_t key_of(const Logged& entry) const noexcept;
   void log_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
   void log_free(const void* ptr, Stream stream);
+  /// Logs the events not logged yet, in order (or backs off: the log is full).
+  void fold();
   /// The search for a repeat over the requests logged and not scanned yet.
   void scan();
   /// The 2P logged requests before `end` are two copies: plan the older one
@@ -166,6 +169,17 @@ class StepPlan {
 
   Phase phase_ = Phase::learning;
   // learning
+  // Requests (bytes > 0) and frees (bytes 0) not logged yet: appending one
+  // is all a request costs between the eager searches after device calls.
+  struct Event {
+    const void* ptr;
+    std::size_t bytes;
+    Stream stream;  // the request's, or the free's
+    std::int64_t calls;
+  };
+  /// Events kept before they are logged anyway (the log is bounded the same).
+  static constexpr std::size_t kMaxEvents = std::size_t{1} << 14;
+  std::vector<Event> events_;
   std::vector<Logged> log_;
   // Two flat tables, each at least twice what it holds (from 1,024 slots to
   // 2^16): logging a request costs a few probes in memory that stays in cache
