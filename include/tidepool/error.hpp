@@ -5,12 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 
 namespace tidepool {
 
@@ -101,51 +101,80 @@ class Exception : public std::runtime_error {
   Error error_;
 };
 
+// The error lives on the heap, so that an Expected is its value and one
+// pointer: returning one from the allocation paths costs a register or two,
+// and destroying one a null test (an Error, with its message and OOM report,
+// is some 200 bytes; errors are the rare path).
+namespace detail {
+inline std::unique_ptr<Error> copy_error(const std::unique_ptr<Error>& error) {
+  return error ? std::make_unique<Error>(*error) : nullptr;
+}
+}  // namespace detail
+
 /// A value or the error that prevented it (std::expected is C++23).
 template <class T>
 class [[nodiscard]] Expected {
  public:
-  Expected(T value) : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
-  Expected(Error error) : state_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
+  Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Expected(Error error) : error_(std::make_unique<Error>(std::move(error))) {}  // NOLINT
+  Expected(const Expected& other) : value_(other.value_), error_(detail::copy_error(other.error_)) {}
+  Expected& operator=(const Expected& other) {
+    if (this != &other) {
+      value_ = other.value_;
+      error_ = detail::copy_error(other.error_);
+    }
+    return *this;
+  }
+  Expected(Expected&&) noexcept = default;
+  Expected& operator=(Expected&&) noexcept = default;
+  ~Expected() = default;
 
-  bool has_value() const noexcept { return state_.index() == 0; }
+  bool has_value() const noexcept { return error_ == nullptr; }
   explicit operator bool() const noexcept { return has_value(); }
 
   /// The value; throws `Exception` if this holds an error.
   T& value() & {
-    if (!has_value()) throw Exception(std::get<1>(state_));
-    return std::get<0>(state_);
+    if (error_) throw Exception(*error_);
+    return *value_;
   }
   const T& value() const& {
-    if (!has_value()) throw Exception(std::get<1>(state_));
-    return std::get<0>(state_);
+    if (error_) throw Exception(*error_);
+    return *value_;
   }
   T&& value() && {
-    if (!has_value()) throw Exception(std::get<1>(state_));
-    return std::get<0>(std::move(state_));
+    if (error_) throw Exception(*error_);
+    return std::move(*value_);
   }
-  T& operator*() & { return std::get<0>(state_); }
-  const T& operator*() const& { return std::get<0>(state_); }
-  T* operator->() { return &std::get<0>(state_); }
-  const T* operator->() const { return &std::get<0>(state_); }
+  T& operator*() & { return *value_; }
+  const T& operator*() const& { return *value_; }
+  T* operator->() { return &*value_; }
+  const T* operator->() const { return &*value_; }
 
   /// Precondition: !has_value().
-  const Error& error() const& { return std::get<1>(state_); }
-  Error&& error() && { return std::get<1>(std::move(state_)); }
+  const Error& error() const& { return *error_; }
+  Error&& error() && { return std::move(*error_); }
 
  private:
-  std::variant<T, Error> state_;
+  std::optional<T> value_;
+  std::unique_ptr<Error> error_;
 };
 
 /// Success or an error.
 template <>
 class [[nodiscard]] Expected<void> {
  public:
-  // User-provided, so `return {};` does not zero the whole (large) object first.
-  Expected() noexcept {}
-  Expected(Error error) : error_(std::move(error)) {}  // NOLINT: implicit by design
+  Expected() noexcept = default;
+  Expected(Error error) : error_(std::make_unique<Error>(std::move(error))) {}  // NOLINT: implicit by design
+  Expected(const Expected& other) : error_(detail::copy_error(other.error_)) {}
+  Expected& operator=(const Expected& other) {
+    if (this != &other) error_ = detail::copy_error(other.error_);
+    return *this;
+  }
+  Expected(Expected&&) noexcept = default;
+  Expected& operator=(Expected&&) noexcept = default;
+  ~Expected() = default;
 
-  bool has_value() const noexcept { return !error_.has_value(); }
+  bool has_value() const noexcept { return error_ == nullptr; }
   explicit operator bool() const noexcept { return has_value(); }
   /// Throws `Exception` if this holds an error.
   void value() const {
@@ -156,7 +185,7 @@ class [[nodiscard]] Expected<void> {
   Error&& error() && { return std::move(*error_); }
 
  private:
-  std::optional<Error> error_;
+  std::unique_ptr<Error> error_;
 };
 
 using Status = Expected<void>;

@@ -460,8 +460,8 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
 
   auto place = [&]() -> Expected<pool::PlacedBlock> {
     Expected<pool::PlacedBlock> placed = arena.allocate(rounded, stream, s.placement_cost);
-    if (placed && placed->base == nullptr) return s.place_in_more_space(arena, rounded, stream, small, tag_id);
-    return placed;
+    if (placed && placed->base == nullptr) placed = s.place_in_more_space(arena, rounded, stream, small, tag_id);
+    return placed;  // one named result: built in place, never copied
   };
   Expected<pool::PlacedBlock> block = place();
   if (!block) return std::move(block).error();

@@ -322,7 +322,11 @@ Expected<std::unique_ptr<Ledger::Segment>> open_segment(const LedgerSegmentOptio
     Status trusted = fstat(fd, &status) == 0
                          ? check_owner(status, name, create_if_missing ? options.mode : 0)
                          : Status(Error(Errc::io_error, os_error("ledger segment " + name + ": fstat")));
-    Expected<void*> attached = trusted ? attach(fd, name, &mapped) : Expected<void*>(std::move(trusted).error());
+    if (!trusted) {
+      close(fd);
+      return std::move(trusted).error();
+    }
+    Expected<void*> attached = attach(fd, name, &mapped);
     if (!attached) {
       close(fd);
       return std::move(attached).error();
