@@ -232,40 +232,47 @@ Expected<PlacedBlock> BestFitArena::allocate(std::size_t bytes, Stream stream, c
   Expected<ChunkId> fit = find_fitting(bytes);
   if (!fit) return std::move(fit).error();
   if (*fit == kNoChunk) return PlacedBlock{};
-  auto placed = [&](ChunkId id, std::size_t offset, bool costs_nothing) -> Expected<PlacedBlock> {
-    Expected<MemoryRange> block = take(id, bytes, stream, offset);
-    if (!block) return std::move(block).error();
-    return PlacedBlock{block->base, block->bytes, costs_nothing};
-  };
   // Usually the best fit's front is mapped and waits for no stream.
   if (const Chunk& chunk = chunks_[*fit]; !must_wait(chunk, stream) && cost.costs_nothing(chunk.address, bytes)) {
-    return placed(*fit, 0, true);
+    return place_at(*fit, bytes, stream, 0, true);
   }
+  return place_by_cost(*fit, bytes, stream, cost);
+}
+
+Expected<PlacedBlock> BestFitArena::place_at(ChunkId id, std::size_t bytes, Stream stream, std::size_t offset,
+                                             bool costs_nothing) {
+  Expected<MemoryRange> block = take(id, bytes, stream, offset);
+  if (!block) return std::move(block).error();
+  return PlacedBlock{block->base, block->bytes, costs_nothing};
+}
+
+Expected<PlacedBlock> BestFitArena::place_by_cost(ChunkId fit, std::size_t bytes, Stream stream,
+                                                  const PlacementCost& cost) {
   if (cost.mostly_free()) {
     // The scoring below takes the first placement, in its order, that maps
     // nothing and waits for nothing, when there is one: found here without
     // counting any candidate's cost.
     auto free_at = [&](ChunkId id) -> std::size_t {  // an offset into the chunk, or SIZE_MAX
       const Chunk& chunk = chunks_[id];
-      if (id == *fit ? must_wait(chunk, stream) : may_wait(chunk, stream)) return SIZE_MAX;
-      if (id != *fit && cost.costs_nothing(chunk.address, bytes)) return 0;  // the fit's front costs (above)
+      if (id == fit ? must_wait(chunk, stream) : may_wait(chunk, stream)) return SIZE_MAX;
+      if (id != fit && cost.costs_nothing(chunk.address, bytes)) return 0;  // the fit's front costs (above)
       if (!should_split(chunk.size, bytes)) return SIZE_MAX;
       if (cost.costs_nothing(chunk.end() - bytes, bytes)) return chunk.size - bytes;
       const std::uintptr_t at = cost.free_window(chunk.address, chunk.end(), bytes);
       return at == 0 ? SIZE_MAX : at - chunk.address;
     };
-    ChunkId id = *fit;
+    ChunkId id = fit;
     std::size_t offset = free_at(id);
     if (offset == SIZE_MAX) {
       std::size_t looked = 0;
       bins_.visit_fitting(chunks_, bytes, [&](ChunkId other) {
-        if (other == *fit) return true;
+        if (other == fit) return true;
         id = other;
         offset = free_at(other);
         return offset == SIZE_MAX && ++looked < kPlacementCandidates;
       });
     }
-    if (offset != SIZE_MAX) return placed(id, offset, true);
+    if (offset != SIZE_MAX) return place_at(id, bytes, stream, offset, true);
   }
   struct Placement {
     ChunkId id;
@@ -279,7 +286,7 @@ Expected<PlacedBlock> BestFitArena::allocate(std::size_t bytes, Stream stream, c
   // allocation queries a stream or two, not one per candidate.
   auto place = [&](ChunkId id, std::size_t bound) {
     const Chunk& chunk = chunks_[id];
-    const bool wait = id == *fit ? must_wait(chunk, stream) : may_wait(chunk, stream);
+    const bool wait = id == fit ? must_wait(chunk, stream) : may_wait(chunk, stream);
     const std::size_t sync = wait ? 1 : 0;
     if (sync >= bound) return Placement{id, 0, bound};
     // When one granule to map already reaches the bound, only a placement
@@ -299,17 +306,17 @@ Expected<PlacedBlock> BestFitArena::allocate(std::size_t bytes, Stream stream, c
     }
     return back < front ? Placement{id, chunk.size - bytes, back} : Placement{id, 0, front};
   };
-  Placement best = place(*fit, SIZE_MAX);
+  Placement best = place(fit, SIZE_MAX);
   if (best.score != 0) {
     std::size_t looked = 0;
     bins_.visit_fitting(chunks_, bytes, [&](ChunkId id) {
-      if (id == *fit) return true;
+      if (id == fit) return true;
       const Placement here = place(id, best.score);
       if (here.score < best.score) best = here;
       return best.score != 0 && ++looked < kPlacementCandidates;
     });
   }
-  return placed(best.id, best.offset, best.score <= 1);  // a score is twice the cost, plus 1 for a sync
+  return place_at(best.id, bytes, stream, best.offset, best.score <= 1);  // a score is twice the cost, plus 1 for a sync
 }
 
 Expected<std::size_t> BestFitArena::free(void* ptr, Stream stream) {

@@ -151,6 +151,10 @@ class BestFitArena {
   /// `offset` bytes into it (0: its front; size - bytes: its back), split
   /// off if worth it; a free front piece stays free.
   Expected<MemoryRange> take(ChunkId id, std::size_t bytes, Stream stream, std::size_t offset = 0);
+  /// take(), as the PlacementCost allocate() answers.
+  Expected<PlacedBlock> place_at(ChunkId id, std::size_t bytes, Stream stream, std::size_t offset, bool costs_nothing);
+  /// That allocate() where the best fit `fit`'s front costs: the choice by cost.
+  Expected<PlacedBlock> place_by_cost(ChunkId fit, std::size_t bytes, Stream stream, const PlacementCost& cost);
   /// Whether work on the stream that freed `chunk` may still touch it: it is
   /// tagged, and that stream was not synchronized since.
   bool waits(const Chunk& chunk) const noexcept;

@@ -458,7 +458,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     s.hold_back.asked(false);
   }
 
-  auto place = [&]() -> Expected<pool::PlacedBlock> {
+  auto place = [&]() __attribute__((always_inline)) -> Expected<pool::PlacedBlock> {
     Expected<pool::PlacedBlock> placed = arena.allocate(rounded, stream, s.placement_cost);
     if (placed && placed->base == nullptr) placed = s.place_in_more_space(arena, rounded, stream, small, tag_id);
     return placed;  // one named result: built in place, never copied
