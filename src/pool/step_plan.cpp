@@ -130,7 +130,12 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
     fold();
     if (paused_for_ > 0) return;  // the log was full: learning pauses
   }
-  if (events_.capacity() == 0) events_.reserve(kMaxEvents);  // pages are touched as it grows, never copied
+  if (events_.capacity() == 0) {
+    // Every page touched now, once: a quiet pool appending to fresh pages
+    // would take a page fault every 128 events.
+    events_.resize(kMaxEvents);
+    events_.clear();
+  }
   events_.push_back({ptr, bytes, stream, device_calls});
   // Only a step whose newer copy made a device call is planned, and a copy
   // ends at the latest request: while the pool is quiet the events only
