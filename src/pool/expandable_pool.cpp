@@ -435,7 +435,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
     }
   }
   // A large untagged block the arena serves: logged while the plan learns.
-  auto record = [&](void* ptr) {
+  auto record = [&](void* ptr) __attribute__((always_inline)) {
     if (large_untagged && s.may_be_lazy()) s.plan.record_alloc(ptr, rounded, stream, s.device_calls());
     return ptr;
   };

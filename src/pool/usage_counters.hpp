@@ -23,7 +23,7 @@ struct UsageCounters {
   std::int64_t num_ooms = 0;
 
   /// A block of `bytes` (after rounding) handed out.
-  void allocated(std::size_t bytes) noexcept {
+  [[gnu::always_inline]] void allocated(std::size_t bytes) noexcept {
     const auto n = static_cast<std::int64_t>(bytes);
     ++num_allocs;
     bytes_in_use += n;
