@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace tidepool {
@@ -115,48 +116,69 @@ inline std::unique_ptr<Error> copy_error(const std::unique_ptr<Error>& error) {
 template <class T>
 class [[nodiscard]] Expected {
  public:
-  Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Expected(T value) : value_(std::move(value)), has_value_(true) {}  // NOLINT: implicit by design
   Expected(Error error) : error_(std::make_unique<Error>(std::move(error))) {}  // NOLINT
-  Expected(const Expected& other) : value_(other.value_), error_(detail::copy_error(other.error_)) {}
+  Expected(const Expected& other) : error_(detail::copy_error(other.error_)), has_value_(other.has_value_) {
+    if (has_value_) std::construct_at(&value_, other.value_);
+  }
+  // A moved-from Expected keeps its state: a (moved-from) value, or an error
+  // that is gone (error() may not be called on it).
+  Expected(Expected&& other) noexcept(std::is_nothrow_move_constructible_v<T>)
+      : error_(std::move(other.error_)), has_value_(other.has_value_) {
+    if (has_value_) std::construct_at(&value_, std::move(other.value_));
+  }
   Expected& operator=(const Expected& other) {
+    if (this != &other) *this = Expected(other);
+    return *this;
+  }
+  Expected& operator=(Expected&& other) noexcept(std::is_nothrow_move_constructible_v<T>) {
     if (this != &other) {
-      value_ = other.value_;
-      error_ = detail::copy_error(other.error_);
+      destroy_value();
+      error_ = std::move(other.error_);
+      if (other.has_value_) std::construct_at(&value_, std::move(other.value_));
+      has_value_ = other.has_value_;
     }
     return *this;
   }
-  Expected(Expected&&) noexcept = default;
-  Expected& operator=(Expected&&) noexcept = default;
-  ~Expected() = default;
+  ~Expected() { destroy_value(); }
 
-  bool has_value() const noexcept { return error_ == nullptr; }
-  explicit operator bool() const noexcept { return has_value(); }
+  bool has_value() const noexcept { return has_value_; }
+  explicit operator bool() const noexcept { return has_value_; }
 
   /// The value; throws `Exception` if this holds an error.
   T& value() & {
-    if (error_) throw Exception(*error_);
-    return *value_;
+    if (!has_value_) throw Exception(*error_);
+    return value_;
   }
   const T& value() const& {
-    if (error_) throw Exception(*error_);
-    return *value_;
+    if (!has_value_) throw Exception(*error_);
+    return value_;
   }
   T&& value() && {
-    if (error_) throw Exception(*error_);
-    return std::move(*value_);
+    if (!has_value_) throw Exception(*error_);
+    return std::move(value_);
   }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
+  T& operator*() & { return value_; }
+  const T& operator*() const& { return value_; }
+  T* operator->() { return &value_; }
+  const T* operator->() const { return &value_; }
 
   /// Precondition: !has_value().
   const Error& error() const& { return *error_; }
   Error&& error() && { return std::move(*error_); }
 
  private:
-  std::optional<T> value_;
+  void destroy_value() noexcept {
+    if (has_value_) std::destroy_at(&value_);
+    has_value_ = false;
+  }
+  // Not std::optional: GCC 12 takes a disengaged optional in a copy for
+  // maybe-uninitialized, in the caller's code, under -Werror too.
+  union {
+    T value_;
+  };
   std::unique_ptr<Error> error_;
+  bool has_value_ = false;
 };
 
 /// Success or an error.

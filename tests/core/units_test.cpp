@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+
 namespace tidepool {
 namespace {
 
@@ -54,6 +57,30 @@ TEST(Expected, CarriesValueOrError) {
   ASSERT_NE(oom.error().oom(), nullptr);
   EXPECT_EQ(oom.error().oom()->requested_bytes, 1024u);
   EXPECT_NE(oom.error().message().find("try less"), std::string::npos);
+}
+
+// An Expected is its value and a pointer to its Error (the allocation paths
+// return one in registers); a copy has an Error of its own.
+TEST(Expected, IsItsValueAndAPointerAndCopiesItsErrorDeeply) {
+  static_assert(sizeof(Status) == sizeof(void*));
+  static_assert(sizeof(Expected<void*>) <= 3 * sizeof(void*));
+  Expected<std::string> bad = Error(Errc::invalid_argument, "nope");
+  const Expected<std::string> copy = bad;
+  const Error taken = std::move(bad).error();
+  EXPECT_EQ(taken.message(), "nope");
+  ASSERT_FALSE(copy);
+  EXPECT_EQ(copy.error().message(), "nope");
+  Expected<std::unique_ptr<int>> owned = std::make_unique<int>(7);
+  const Expected<std::unique_ptr<int>> moved = std::move(owned);
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(**moved, 7);
+  Status failed = Error(Errc::io_error, "disk");
+  const Status again = failed;
+  failed = Status{};
+  EXPECT_TRUE(failed);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), Errc::io_error);
+  EXPECT_EQ(again.error().message(), "disk");
 }
 
 // A pool's advice is a code; the message words it in the names the caller
