@@ -102,9 +102,9 @@ class Exception : public std::runtime_error {
   Error error_;
 };
 
-// The error lives on the heap, so that an Expected is its value and one
-// pointer: returning one from the allocation paths costs a register or two,
-// and destroying one a null test (an Error, with its message and OOM report,
+// The error lives on the heap, so that an Expected is its value, a flag and
+// one pointer: returning one from the allocation paths stores a few words,
+// and destroying one is a test or two (an Error, with its message and OOM report,
 // is some 200 bytes; errors are the rare path).
 namespace detail {
 inline std::unique_ptr<Error> copy_error(const std::unique_ptr<Error>& error) {
