@@ -59,9 +59,10 @@ TEST(Expected, CarriesValueOrError) {
   EXPECT_NE(oom.error().message().find("try less"), std::string::npos);
 }
 
-// An Expected is its value and a pointer to its Error (the allocation paths
-// return one in registers); a copy has an Error of its own.
-TEST(Expected, IsItsValueAndAPointerAndCopiesItsErrorDeeply) {
+// An Expected is its value, a flag and a pointer to its Error (a Status the
+// pointer alone), so the allocation paths move a few words; a copy has an
+// Error of its own.
+TEST(Expected, KeepsItsErrorOnTheHeapAndCopiesItDeeply) {
   static_assert(sizeof(Status) == sizeof(void*));
   static_assert(sizeof(Expected<void*>) <= 3 * sizeof(void*));
   Expected<std::string> bad = Error(Errc::invalid_argument, "nope");
