@@ -48,8 +48,25 @@ Expected<PhysicalHandle> ExpandablePool::State::unmap_free(GranuleId id) {
   return granules.take_free(id);
 }
 
+void ExpandablePool::State::apply_journal() noexcept {
+  for (std::size_t i = 0; i < noted; ++i) {
+    const Noted& block = journal[i];
+    const auto [first, last] = granules_of(*space_of(block.base), block.base, block.bytes);
+    if (block.use) {
+      (void)granules.use_range(first, last);  // mapped when noted, and nothing is unmapped before this
+    } else {
+      granules.unuse_range(first, last, block.stream);
+    }
+  }
+  noted = 0;
+}
+
 void ExpandablePool::State::sync_granules(const void* except) {
   if (exact) return;
+  if (!stale) {
+    apply_journal();
+    return;
+  }
   granules.forget();
   for (const Space& space : spaces) {
     arena_of(space).for_each_chunk(space.base, [&](std::uintptr_t address, std::size_t bytes, bool in_use,
@@ -57,7 +74,7 @@ void ExpandablePool::State::sync_granules(const void* except) {
       if (address == reinterpret_cast<std::uintptr_t>(except)) return;
       const GranuleSpan span = granules_of(space, address, bytes);
       if (in_use) {
-        (void)granules.use_range(span.first, span.last);  // mapped: lazy mode backs nothing
+        (void)granules.use_range(span.first, span.last);  // mapped: blocks that needed memory were backed
       } else if (waits_on != kNoStream) {
         granules.tag_range(span.first, span.last, waits_on);
       }
@@ -65,7 +82,7 @@ void ExpandablePool::State::sync_granules(const void* except) {
   }
   granules.queue_free();
   ++rebuilds;
-  exact = true;
+  stale = false;
   quiet_allocations = 0;
 }
 
@@ -84,6 +101,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
                                    std::size_t requested, bool for_slab) {
   const GranuleSpan span = granules_of(space, base, bytes);
   const GranuleId first = span.first, last = span.last;  // captured below: not a structured binding (clang 14)
+  sync_granules(reinterpret_cast<const void*>(base));  // the table current but for this block
   // Granules already mapped (free or shared with a neighbour) are reused in
   // place; count the rest before changing anything.
   const std::size_t missing = granules.use_range(first, last);
@@ -92,9 +110,12 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     return {};
   }
   quiet_allocations = 0;
+  // (The journal is empty since the sync above, so the few frees noted
+  // below, of held blocks and a slab, stay in it to be applied.)
   // Stealing and growing are decided on every free granule: those of held
   // blocks too.
   complete_held();
+  apply_journal();
   // Undoes the uses taken: granules mapped for this block stay mapped, free.
   auto undo = [&] { granules.unuse_range(first, last, kNoStream); };
   const std::size_t room = (bytes_limit - mapped_bytes()) / granule;
@@ -105,6 +126,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   if (slab != nullptr && !for_slab &&
       (plan.phase() == pool::StepPlan::Phase::lost || missing > granules.free_count() + room)) {
     retire_plan();
+    apply_journal();
   }
   if (missing > granules.free_count() + room) {
     undo();
@@ -194,8 +216,8 @@ void ExpandablePool::State::unback(const Space& space, std::uintptr_t base, std:
 void ExpandablePool::State::free_large(const Held& block) noexcept {
   // The block is live in the arena (deallocate checked), so this cannot fail.
   (void)large.free(block.ptr, block.stream);
-  if (!exact) return;  // lazy: the granule table is rebuilt when needed
   const auto base = reinterpret_cast<std::uintptr_t>(block.ptr);
+  if (!exact) return note(base, block.bytes, block.stream, false);
   unback(*space_of(base), base, block.bytes, block.stream);
 }
 
@@ -221,7 +243,7 @@ void ExpandablePool::State::reap() {
   std::uint64_t seen = calls;
   int quiet = 0;
   while (!stopping) {
-    if (exact && held.empty() && granules.free_count() == 0 && slab == nullptr) {
+    if (table_current() && held.empty() && granules.free_count() == 0 && slab == nullptr) {
       reaper_parked = true;  // nothing to release: wait for a free
       reaper_wake.wait(lock, [this] { return stopping || !reaper_parked; });
       seen = calls;
@@ -369,7 +391,6 @@ bool ExpandablePool::State::open_slab(Stream stream) {
   Expected<pool::PlacedBlock> block = large.allocate(bytes, stream, placement_cost);
   if (block && block->base == nullptr) block = place_in_more_space(large, bytes, stream, false, pool::kUntagged);
   if (!block) return false;
-  sync_granules(block->base);
   const auto base = reinterpret_cast<std::uintptr_t>(block->base);
   if (Status backed = back(*space_of(base), base, block->bytes, bytes, true); !backed) {
     (void)large.free(block->base, stream);
@@ -388,9 +409,11 @@ void ExpandablePool::State::close_slab() noexcept {
   // then free on its own stream only.
   for (Stream other : plan.pending_streams()) (void)wait_for(*device, other);
   (void)large.free(slab, slab_stream);
+  const auto base = reinterpret_cast<std::uintptr_t>(slab);
   if (exact) {
-    const auto base = reinterpret_cast<std::uintptr_t>(slab);
     unback(*space_of(base), base, slab_bytes, slab_stream);
+  } else {
+    note(base, slab_bytes, slab_stream, false);
   }
   slab = nullptr;
   slab_bytes = 0;
@@ -466,11 +489,12 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   Expected<pool::PlacedBlock> block = place();
   if (!block) return std::move(block).error();
   if (!s.exact) {
-    if (block->costs_nothing) {  // lazy and already mapped: nothing to follow
+    if (block->costs_nothing) {  // already mapped: noted for the granule table
+      s.note(reinterpret_cast<std::uintptr_t>(block->base), block->bytes, stream, true);
+      s.note_quiet();
       s.usage.allocated(block->bytes);
       return record(block->base);
     }
-    s.sync_granules(block->base);
   }
   auto base = reinterpret_cast<std::uintptr_t>(block->base);
   if (large_untagged && s.slab != nullptr && s.plan.phase() == pool::StepPlan::Phase::lost && s.plan.empty()) {
@@ -544,7 +568,10 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   s.note_free(stream);
   s.usage.freed(*freed);
   if (!space->small && s.hold_back.sampling()) s.hold_back.freed(*freed, stream);
-  if (!s.exact) return {};  // lazy: the granule table is rebuilt when needed
+  if (!s.exact) {
+    s.note(address, *freed, stream, false);  // the granule table learns of it when it needs to
+    return {};
+  }
   s.unback(*space, address, *freed, stream);
   if (s.free_granule_bytes() > s.options.release_threshold) s.release_free(s.options.release_threshold);
   return {};

@@ -261,7 +261,8 @@ Status ExpandablePool::tag_begin(std::string_view name) {
     std::lock_guard lock(s.mutex);
     id = s.tags.find(name);
     if (id == pool::kUntagged) {
-      s.sync_granules();  // a tag's bookkeeping needs the granule table: no lazy mode from now on
+      s.sync_granules();  // a tag's bookkeeping needs the granule table: it follows every block from now on
+      s.exact = true;
       id = s.tags.add(name, *s.device, arena_options());
     }
   }

@@ -131,13 +131,17 @@ class HoldBack {
   std::size_t next_ = 0;
 };
 // Allocations in a row served from mapped memory before the pool counts as
-// warm (State::warm), and before the granule table stops following blocks
-// (State::exact). Warm at 512 rather than 1,024: small-tensors' second pass
+// warm (State::warm), and quiet (PlacementCost::mostly_free). Warm at 512 rather than 1,024: small-tensors' second pass
 // makes no device call (9 creates at 1,024) and its footprint is 1.077x, not
 // 1.09x; at 256, bcrafton goes warm within its first pass and creates where
 // it stole, 1.055x instead of 1.024x.
 inline constexpr std::uint32_t kWarmAllocations = 512;
 inline constexpr std::uint32_t kQuietAllocations = 1024;
+// Notes the granule table's journal holds (State::journal): 1,024 blocks
+// allocated and freed. A pool that needs its table less often than that
+// rebuilds it when it does (a walk of the arenas' chunks, which a steal's
+// device calls dwarf).
+inline constexpr std::size_t kJournalNotes = 2 * kQuietAllocations;
 // A sleep or a wake copies this much at a time, overlapped with the
 // unmapping or mapping of the chunk before (a bare copy's speed, not the
 // sum of both).
@@ -168,6 +172,8 @@ struct ExpandablePool::State {
         small(*device, arena_options()),
         large(*device, arena_options()) {
     held.reserve(expandable::kHeldBlocks);
+    exact = !may_be_lazy();
+    if (!exact) journal.resize(expandable::kJournalNotes);  // its pages touched once, now
   }
 
   /// A reservation of address space, all of it for one arena.
@@ -230,34 +236,58 @@ struct ExpandablePool::State {
     reaper_wake.notify_one();
     reaper.join();
   }
-  // Lazy mode. Once the pool has served kQuietAllocations in a row from
-  // mapped memory, the granule table stops following blocks: a free touches
-  // only the arena (or is held back, as when exact), an allocation only
-  // checks that its granules are mapped.
-  // Whatever needs to know which granules are free (a block that needs
-  // memory, a release, stats) first rebuilds the table from the arenas'
-  // chunks (sync_granules), and the pool follows blocks again until it is
-  // quiet again. Only while nothing is released after each free and no
-  // sleep tag exists (their bookkeeping needs the table).
-  bool exact = true;         // the granule table follows every block
-  std::uint32_t quiet_allocations = 0;  // in a row, that mapped nothing
+  // Lazy bookkeeping. While large frees may be held back and no tag exists
+  // (may_be_lazy()), an allocation served from mapped memory and a free
+  // leave the granule table alone: each is noted in a journal, and whatever
+  // needs the table (a block that needs memory, a release, stats) first
+  // applies the notes in order (sync_granules), so that the table is what
+  // it would be had it followed every block. Once kJournalNotes are noted
+  // with nothing needing the table, the journal is dropped (stale): the
+  // table is rebuilt from the arenas' chunks when needed (lazy mode), and
+  // the pool notes again. Otherwise (tags, or frees that release memory)
+  // the table follows every block (exact).
+  bool exact = true;
+  struct Noted {
+    std::uintptr_t base;
+    std::size_t bytes;
+    Stream stream;  // the free's
+    bool use;       // an allocation (else a free)
+  };
+  std::vector<Noted> journal;  // kJournalNotes, made once: the first `noted` hold notes
+  std::size_t noted = 0;
+  bool stale = false;          // the journal was dropped: the table is rebuilt when needed
+  std::uint32_t quiet_allocations = 0;  // in a row, that mapped nothing (at most kQuietAllocations)
   std::int64_t rebuilds = 0;             // sync_granules() calls that rebuilt the table
   bool may_be_lazy() const noexcept { return holds_back() && tags.size() == 0; }
+  bool quiet() const noexcept { return quiet_allocations == expandable::kQuietAllocations; }
   /// Warm: the pool has served kWarmAllocations in a row from mapped
   /// memory, so the program repeats its steps: its slack is larger
   /// (slack_granules(), back()).
   bool warm = false;
   /// An allocation found every granule mapped.
   void note_quiet() noexcept {
+    if (quiet_allocations == expandable::kQuietAllocations) return;
     if (++quiet_allocations >= expandable::kWarmAllocations) warm = true;
-    if (quiet_allocations < expandable::kQuietAllocations) return;
-    if (!may_be_lazy()) return;
-    exact = false;
   }
-  /// Makes the granule table follow every block again: every mapped
-  /// granule's uses, free bit and stream tags from the arenas' chunks (the
-  /// block at `except`, carved but not backed yet, left out).
+  /// Notes a block's use of its granules (`use`) or its free on `stream`
+  /// for the table (not exact).
+  void note(std::uintptr_t base, std::size_t bytes, Stream stream, bool use) {
+    if (stale) return;
+    if (noted == journal.size()) {  // nothing needed the table for that long: rebuilt when it does
+      noted = 0;
+      stale = true;
+      return;
+    }
+    journal[noted++] = {base, bytes, stream, use};
+  }
+  void apply_journal() noexcept;
+  /// Brings the granule table up to date with every block: the journal
+  /// applied, or the table rebuilt from the arenas' chunks (stale; the block
+  /// at `except`, carved but not backed yet, left out). Then every mapped
+  /// granule's uses, free bit and stream tags are current.
   void sync_granules(const void* except = nullptr);
+  /// The table is current (nothing to apply or rebuild).
+  bool table_current() const noexcept { return exact || (!stale && noted == 0); }
   std::int64_t maps = 0, unmaps = 0, stitches = 0;  // releases: usage.num_device_frees
   std::int64_t moved = 0;  // granules stolen: at most the granules created (usage.num_device_allocs) below the limit
 
@@ -367,9 +397,9 @@ struct ExpandablePool::State {
   std::size_t release_free(std::size_t keep);
   /// trim() and idle release: every free granule goes, held blocks' too.
   std::size_t release_all() {
-    sync_granules();
     complete_held();
     retire_plan();
+    sync_granules();
     return release_free(0);
   }
   Error out_of_memory(std::size_t requested, std::size_t rounded, std::size_t missing_granules);
@@ -400,9 +430,9 @@ struct ExpandablePool::State {
                                                   (bytes + s.granule - 1) >> s.granule_shift);
       return run == pool::kNoGranule ? 0 : reinterpret_cast<std::uintptr_t>(s.address_of(run));
     }
-    // In lazy mode (1,024 allocations in a row served from mapped memory),
+    // Once quiet (1,024 allocations in a row served from mapped memory),
     // most blocks land on mapped memory.
-    bool mostly_free() const noexcept override { return !s.exact; }
+    bool mostly_free() const noexcept override { return s.quiet(); }
     const State& s;
   };
   const GranulesToMap placement_cost{*this};

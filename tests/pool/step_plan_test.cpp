@@ -425,5 +425,47 @@ TEST(ExpandablePoolStepPlan, ARepeatingStepIsServedFromItsPlanWithNoDeviceCall) 
   EXPECT_NE(pool->dump().find("step plan: learning"), std::string::npos);
 }
 
+// A program that leaves its step for small blocks that need the slab's
+// memory: the plan is retired (the pool is short), its empty slab freed, and
+// the blocks backed by the slab's granules, with no OOM (the slab never
+// causes one the arena alone would not have had).
+TEST(ExpandablePoolStepPlan, BlocksThatNeedTheSlabsMemoryGetIt) {
+  auto pool = expandable(host_device(2 * GiB));
+  std::mt19937_64 rng(11);
+  const std::vector<Block> step = random_step(rng, 120);
+  const auto run = [&] {
+    std::vector<std::pair<std::uint32_t, void*>> due;
+    for (std::uint32_t i = 0; i <= step.size(); ++i) {
+      for (auto it = due.begin(); it != due.end();) {
+        if (it->first != i) {
+          ++it;
+          continue;
+        }
+        ASSERT_TRUE(pool->deallocate(it->second));
+        it = due.erase(it);
+      }
+      if (i == step.size()) break;
+      Expected<void*> ptr = pool->allocate(step[i].bytes);
+      ASSERT_TRUE(ptr) << ptr.error().message();
+      due.push_back({i + step[i].freed_after, *ptr});
+    }
+  };
+  for (int i = 0; i < 4; ++i) run();
+  ASSERT_NE(pool->dump().find("step plan: following"), std::string::npos) << pool->dump();
+  // 512 KiB blocks (small: packed four to a granule) filling the device.
+  std::vector<void*> small;
+  for (std::size_t i = 0; i < 2 * GiB / (512 * KiB); ++i) {
+    Expected<void*> ptr = pool->allocate(512 * KiB);
+    ASSERT_TRUE(ptr) << "block " << i << ": " << ptr.error().message() << "\n" << pool->dump();
+    *static_cast<std::size_t*>(*ptr) = i;
+    small.push_back(*ptr);
+  }
+  EXPECT_NE(pool->dump().find("step plan: learning"), std::string::npos) << pool->dump();
+  for (std::size_t i = 0; i < small.size(); ++i) {
+    EXPECT_EQ(*static_cast<std::size_t*>(small[i]), i);
+    ASSERT_TRUE(pool->deallocate(small[i]));
+  }
+}
+
 }  // namespace
 }  // namespace tidepool::test
