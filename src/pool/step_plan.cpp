@@ -126,44 +126,55 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
     --paused_for_;
     return;
   }
+  if (events_.capacity() == 0) {
+    // Every page touched now, at the first request logged: a quiet pool
+    // appending to fresh pages would take a page fault every 128 events.
+    events_.resize(kMaxEvents);
+    events_.clear();
+  }
+  // Only a step whose newer copy made a device call is planned, and a copy
+  // ends at the latest request: shortly after a call each request is logged
+  // and searched as it comes; after that the events only pile up, and the
+  // next call logs and searches them (a sequential pass).
+  if (quiet_for_ <= kEagerRequests) {
+    fold();  // what piled up before the call
+    if (paused_for_ == 0 && log_alloc_now(ptr, bytes, stream, device_calls)) scan();
+    return;
+  }
   if (events_.size() == kMaxEvents) {
     fold();
     if (paused_for_ > 0) return;  // the log was full: learning pauses
   }
-  if (events_.capacity() == 0) {
-    // Every page touched now, once: a quiet pool appending to fresh pages
-    // would take a page fault every 128 events.
-    events_.resize(kMaxEvents);
-    events_.clear();
-  }
   events_.push_back({ptr, bytes, stream, device_calls});
-  // Only a step whose newer copy made a device call is planned, and a copy
-  // ends at the latest request: while the pool is quiet the events only
-  // pile up, and the next call logs and searches them (a sequential pass).
-  if (quiet_for_ <= kEagerRequests) {
-    fold();
-    scan();
+}
+
+bool StepPlan::log_alloc_now(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
+  if (log_.size() == kLogCapacity) {  // no step of at most kMaxPeriod requests repeated in it
+    back_off();                       // (the events go too)
+    return false;
   }
+  if (log_.capacity() == 0) log_.reserve(kLogCapacity);  // pages are touched as the log grows, never copied
+  const auto index = static_cast<std::uint32_t>(log_.size());
+  log_.push_back({bytes, stream, kLive, 0, device_calls});
+  live_insert(ptr, index);
+  return true;
+}
+
+void StepPlan::log_free_now(const void* ptr, Stream stream) noexcept {
+  const std::uint32_t index = live_take(ptr);
+  if (index == kLive) return;  // made before the log started
+  log_[index].freed_at = static_cast<std::uint32_t>(log_.size());
+  log_[index].freed_on = stream;
 }
 
 void StepPlan::fold() {
   for (std::size_t i = 0; i < events_.size(); ++i) {
     const Event& event = events_[i];
     if (event.bytes == 0) {
-      const std::uint32_t index = live_take(event.ptr);
-      if (index == kLive) continue;  // made before the log started
-      log_[index].freed_at = static_cast<std::uint32_t>(log_.size());
-      log_[index].freed_on = event.stream;
-      continue;
+      log_free_now(event.ptr, event.stream);
+    } else if (!log_alloc_now(event.ptr, event.bytes, event.stream, event.calls)) {
+      return;  // the log was full: learning pauses (the events went too)
     }
-    if (log_.size() == kLogCapacity) {  // no step of at most kMaxPeriod requests repeated in it
-      back_off();                       // (the events go too)
-      return;
-    }
-    if (log_.capacity() == 0) log_.reserve(kLogCapacity);  // pages are touched as the log grows, never copied
-    const auto index = static_cast<std::uint32_t>(log_.size());
-    log_.push_back({event.bytes, event.stream, kLive, 0, event.calls});
-    live_insert(event.ptr, index);
   }
   events_.clear();
 }
@@ -225,6 +236,10 @@ void StepPlan::scan() {
 
 void StepPlan::log_free(const void* ptr, Stream stream) {
   if (phase_ != Phase::learning && phase_ != Phase::armed) return;
+  if (events_.empty() && quiet_for_ <= kEagerRequests) {  // searching as requests come: logged now
+    log_free_now(ptr, stream);
+    return;
+  }
   if (events_.size() == kMaxEvents) {
     fold();
     if (logged_live_count_ == 0) return;  // nothing logged it could free

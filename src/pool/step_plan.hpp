@@ -153,6 +153,10 @@ class StepPlan {
   std::uint64_t key_of(const Logged& entry) const noexcept;
   void log_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
   void log_free(const void* ptr, Stream stream);
+  /// Logs a request; false when the log was full (learning pauses, the log and the events gone).
+  bool log_alloc_now(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
+  /// Logs a free: its block's entry gets its end (nothing when the log never saw the block).
+  void log_free_now(const void* ptr, Stream stream) noexcept;
   /// Logs the events not logged yet, in order (or backs off: the log is full).
   void fold();
   /// The search for a repeat over the requests logged and not scanned yet.
