@@ -106,8 +106,6 @@ void second_pass(benchmark::State& state, const Trace& trace) {
   state.counters["ratio"] = (ns[1] / events[1]) / (ns[0] / events[0]);
 }
 
-}  // namespace
-
 std::vector<Trace> one_step_traces() {
   std::vector<Trace> out;
   for (const char* name : {"train-step", "llm-inference", "near-capacity"}) {
@@ -121,22 +119,22 @@ std::vector<Trace> one_step_traces() {
   return out;
 }
 
+void register_second_pass(const Trace& trace, benchmark::TimeUnit unit, int iterations) {
+  benchmark::RegisterBenchmark((trace.name + "/pass2").c_str(),
+                               [&trace](benchmark::State& state) { second_pass(state, trace); })
+      ->UseManualTime()
+      ->Unit(unit)
+      ->Iterations(iterations);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   static const std::vector<Trace> all = traces();
   static const std::vector<Trace> short_ones = one_step_traces();
-  for (const Trace& trace : short_ones) {
-    benchmark::RegisterBenchmark((trace.name + "/pass2").c_str(),
-                                 [&trace](benchmark::State& state) { second_pass(state, trace); })
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->Iterations(25);
-  }
+  for (const Trace& trace : short_ones) register_second_pass(trace, benchmark::kMicrosecond, 25);
   for (const Trace& trace : all) {
-    benchmark::RegisterBenchmark((trace.name + "/pass2").c_str(),
-                                 [&trace](benchmark::State& state) { second_pass(state, trace); })
-        ->UseManualTime()
-        ->Unit(benchmark::kMillisecond)
-        ->Iterations(5);
+    register_second_pass(trace, benchmark::kMillisecond, 5);
     for (Mode mode : default_replay_modes()) {
       for (bool warm : {false, true}) {
         auto* bench = benchmark::RegisterBenchmark(
