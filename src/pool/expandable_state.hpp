@@ -259,6 +259,7 @@ struct ExpandablePool::State {
   std::uint32_t quiet_allocations = 0;  // in a row, that mapped nothing (at most kQuietAllocations)
   std::int64_t rebuilds = 0;             // sync_granules() calls that rebuilt the table
   bool may_be_lazy() const noexcept { return holds_back() && tags.size() == 0; }
+  /// kQuietAllocations in a row served from mapped memory: most blocks now land there.
   bool quiet() const noexcept { return quiet_allocations == expandable::kQuietAllocations; }
   /// Warm: the pool has served kWarmAllocations in a row from mapped
   /// memory, so the program repeats its steps: its slack is larger
@@ -280,6 +281,7 @@ struct ExpandablePool::State {
     }
     journal[noted++] = {base, bytes, stream, use};
   }
+  /// Applies the notes to the table, in order, and empties the journal.
   void apply_journal() noexcept;
   /// Brings the granule table up to date with every block: the journal
   /// applied, or the table rebuilt from the arenas' chunks (stale; the block
