@@ -23,10 +23,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <compare>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <span>
 #include <utility>
@@ -97,11 +95,11 @@ class LifetimeTree {
     // above it, and then so is every other: the candidate fits.
     cursors_.clear();
     for (std::size_t set = 0; set < sets_.size(); ++set) cursors_.push_back({sets_[set]->start(0), set, 0});
-    std::make_heap(cursors_.begin(), cursors_.end(), std::greater<>{});
+    std::make_heap(cursors_.begin(), cursors_.end(), Cursor::later);
     std::uint64_t offset = 0;
     while (!cursors_.empty()) {
       ++work;
-      std::pop_heap(cursors_.begin(), cursors_.end(), std::greater<>{});
+      std::pop_heap(cursors_.begin(), cursors_.end(), Cursor::later);
       Cursor& cursor = cursors_.back();
       const RangeSet& set = *sets_[cursor.set];
       if (cursor.start >= offset + bytes) break;                     // the lowest start is above: fits
@@ -112,7 +110,7 @@ class LifetimeTree {
         continue;
       }
       cursor.start = set.start(cursor.at);
-      std::push_heap(cursors_.begin(), cursors_.end(), std::greater<>{});
+      std::push_heap(cursors_.begin(), cursors_.end(), Cursor::later);
     }
     return offset;
   }
@@ -171,7 +169,9 @@ class LifetimeTree {
     std::uint64_t start;  // of the range it is at
     std::size_t set;
     std::size_t at;
-    auto operator<=>(const Cursor&) const = default;
+    /// The heap's order: lowest start first (which of two equal starts comes
+    /// first changes nothing: the fit found is the lowest either way).
+    static bool later(const Cursor& a, const Cursor& b) noexcept { return a.start > b.start; }
   };
   std::vector<Cursor> cursors_;
 };
