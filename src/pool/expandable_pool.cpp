@@ -209,6 +209,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
 
 void ExpandablePool::State::unback(const Space& space, std::uintptr_t base, std::size_t bytes,
                                    Stream stream) noexcept {
+  if (!exact) return note(base, bytes, stream, false);  // the table learns of it when it needs to
   const auto [first, last] = granules_of(space, base, bytes);
   granules.unuse_range(first, last, stream);
 }
@@ -217,7 +218,6 @@ void ExpandablePool::State::free_large(const Held& block) noexcept {
   // The block is live in the arena (deallocate checked), so this cannot fail.
   (void)large.free(block.ptr, block.stream);
   const auto base = reinterpret_cast<std::uintptr_t>(block.ptr);
-  if (!exact) return note(base, block.bytes, block.stream, false);
   unback(*space_of(base), base, block.bytes, block.stream);
 }
 
@@ -410,11 +410,7 @@ void ExpandablePool::State::close_slab() noexcept {
   for (Stream other : plan.pending_streams()) (void)wait_for(*device, other);
   (void)large.free(slab, slab_stream);
   const auto base = reinterpret_cast<std::uintptr_t>(slab);
-  if (exact) {
-    unback(*space_of(base), base, slab_bytes, slab_stream);
-  } else {
-    note(base, slab_bytes, slab_stream, false);
-  }
+  unback(*space_of(base), base, slab_bytes, slab_stream);
   slab = nullptr;
   slab_bytes = 0;
   plan.drop();
@@ -568,10 +564,6 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   s.note_free(stream);
   s.usage.freed(*freed);
   if (!space->small && s.hold_back.sampling()) s.hold_back.freed(*freed, stream);
-  if (!s.exact) {
-    s.note(address, *freed, stream, false);  // the granule table learns of it when it needs to
-    return {};
-  }
   s.unback(*space, address, *freed, stream);
   if (s.free_granule_bytes() > s.options.release_threshold) s.release_free(s.options.release_threshold);
   return {};

@@ -131,10 +131,11 @@ class HoldBack {
   std::size_t next_ = 0;
 };
 // Allocations in a row served from mapped memory before the pool counts as
-// warm (State::warm), and quiet (PlacementCost::mostly_free). Warm at 512 rather than 1,024: small-tensors' second pass
-// makes no device call (9 creates at 1,024) and its footprint is 1.077x, not
-// 1.09x; at 256, bcrafton goes warm within its first pass and creates where
-// it stole, 1.055x instead of 1.024x.
+// warm (State::warm), and quiet (PlacementCost::mostly_free). Warm at 512
+// rather than 1,024: small-tensors' second pass makes no device call (9
+// creates at 1,024) and its footprint is 1.077x, not 1.09x; at 256, bcrafton
+// goes warm within its first pass and creates where it stole, 1.055x
+// instead of 1.024x.
 inline constexpr std::uint32_t kWarmAllocations = 512;
 inline constexpr std::uint32_t kQuietAllocations = 1024;
 // Notes the granule table's journal holds (State::journal): 1,024 blocks
@@ -272,7 +273,7 @@ struct ExpandablePool::State {
   }
   /// Notes a block's use of its granules (`use`) or its free on `stream`
   /// for the table (not exact).
-  void note(std::uintptr_t base, std::size_t bytes, Stream stream, bool use) {
+  void note(std::uintptr_t base, std::size_t bytes, Stream stream, bool use) noexcept {
     if (stale) return;
     if (noted == journal.size()) {  // nothing needed the table for that long: rebuilt when it does
       noted = 0;
@@ -340,7 +341,8 @@ struct ExpandablePool::State {
   /// error, not an OOM counted (the plan is given up, nothing fails).
   Status back(const Space& space, std::uintptr_t base, std::size_t bytes, std::size_t requested,
               bool for_slab = false);
-  /// One use less on every granule under the block, freed on `stream`.
+  /// One use less on every granule under the block, freed on `stream`
+  /// (noted, while the table is not exact).
   void unback(const Space& space, std::uintptr_t base, std::size_t bytes, Stream stream) noexcept;
   /// Frees a large block in full: in the arena, then its granules.
   void free_large(const Held& block) noexcept;
