@@ -373,6 +373,29 @@ std::unique_ptr<ExpandablePool> expandable(std::shared_ptr<Device> device) {
   return std::move(pool).value();
 }
 
+// One step through `pool`: each block allocated in turn, a seed written into
+// it, checked and freed when the step says.
+void run_step(Allocator& pool, const std::vector<Block>& step, std::uint64_t& seed) {
+  std::vector<std::pair<std::uint32_t, std::pair<void*, std::uint64_t>>> due;
+  for (std::uint32_t i = 0; i <= step.size(); ++i) {
+    for (auto it = due.begin(); it != due.end();) {
+      if (it->first != i) {
+        ++it;
+        continue;
+      }
+      auto [ptr, block_seed] = it->second;
+      EXPECT_EQ(*static_cast<std::uint64_t*>(ptr), block_seed);
+      ASSERT_TRUE(pool.deallocate(ptr));
+      it = due.erase(it);
+    }
+    if (i == step.size()) break;
+    Expected<void*> ptr = pool.allocate(step[i].bytes);
+    ASSERT_TRUE(ptr) << ptr.error().message();
+    *static_cast<std::uint64_t*>(*ptr) = ++seed;
+    due.push_back({i + step[i].freed_after, {*ptr, seed}});
+  }
+}
+
 // A step whose sizes change from block to block, so that best fit leaves
 // holes that later steps fill differently, on a device small enough that the
 // pool steals: once the plan is laid, a step makes no device call, and every
@@ -386,26 +409,7 @@ TEST(ExpandablePoolStepPlan, ARepeatingStepIsServedFromItsPlanWithNoDeviceCall) 
   std::mt19937_64 rng(11);
   const std::vector<Block> step = random_step(rng, 120);
   std::uint64_t seed = 0;
-  const auto run = [&] {
-    std::vector<std::pair<std::uint32_t, std::pair<void*, std::uint64_t>>> due;
-    for (std::uint32_t i = 0; i <= step.size(); ++i) {
-      for (auto it = due.begin(); it != due.end();) {
-        if (it->first != i) {
-          ++it;
-          continue;
-        }
-        auto [ptr, block_seed] = it->second;
-        EXPECT_EQ(*static_cast<std::uint64_t*>(ptr), block_seed);
-        ASSERT_TRUE(pool->deallocate(ptr));
-        it = due.erase(it);
-      }
-      if (i == step.size()) break;
-      Expected<void*> ptr = pool->allocate(step[i].bytes);
-      ASSERT_TRUE(ptr) << ptr.error().message();
-      *static_cast<std::uint64_t*>(*ptr) = ++seed;
-      due.push_back({i + step[i].freed_after, {*ptr, seed}});
-    }
-  };
+  const auto run = [&] { run_step(*pool, step, seed); };
   for (int i = 0; i < 3; ++i) run();
   const std::string dump = pool->dump();
   EXPECT_NE(dump.find("step plan: following"), std::string::npos) << dump;
@@ -433,23 +437,8 @@ TEST(ExpandablePoolStepPlan, BlocksThatNeedTheSlabsMemoryGetIt) {
   auto pool = expandable(host_device(2 * GiB));
   std::mt19937_64 rng(11);
   const std::vector<Block> step = random_step(rng, 120);
-  const auto run = [&] {
-    std::vector<std::pair<std::uint32_t, void*>> due;
-    for (std::uint32_t i = 0; i <= step.size(); ++i) {
-      for (auto it = due.begin(); it != due.end();) {
-        if (it->first != i) {
-          ++it;
-          continue;
-        }
-        ASSERT_TRUE(pool->deallocate(it->second));
-        it = due.erase(it);
-      }
-      if (i == step.size()) break;
-      Expected<void*> ptr = pool->allocate(step[i].bytes);
-      ASSERT_TRUE(ptr) << ptr.error().message();
-      due.push_back({i + step[i].freed_after, *ptr});
-    }
-  };
+  std::uint64_t seed = 0;
+  const auto run = [&] { run_step(*pool, step, seed); };
   for (int i = 0; i < 4; ++i) run();
   ASSERT_NE(pool->dump().find("step plan: following"), std::string::npos) << pool->dump();
   // 512 KiB blocks (small: packed four to a granule) filling the device.
