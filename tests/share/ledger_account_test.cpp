@@ -192,6 +192,9 @@ TEST(LedgerAccount, ItsThreadAnswersAnothersTrimRequest) {
   ASSERT_TRUE(wanting->reserve(32 * MiB));  // 48 + 32 > 64: it waits for the holder's trim
   EXPECT_EQ(wanting->reserved_bytes(), 32 * MiB);
   EXPECT_EQ(holder->reserved_bytes(), 8 * MiB);
+  // The wanting account proceeds once the room is there, which may be just
+  // before the holder's thread counts its answer.
+  EXPECT_TRUE(wait_until([&] { return entry_reserving(*holder, 8 * MiB).trims_answered != 0; }, 10s));
   const LedgerEntryInfo answered = entry_reserving(*holder, 8 * MiB);
   EXPECT_EQ(answered.trims_answered, 1u);
   EXPECT_EQ(answered.bytes_trimmed, 40 * MiB);

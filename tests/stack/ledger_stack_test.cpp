@@ -263,6 +263,8 @@ TEST(LedgerStack, AGrowthPoolAnswersTrimRequestsAndUnregistersWhenDestroyed) {
   auto b = pool_b->allocate(40 * MiB);
   ASSERT_TRUE(b) << b.error().message();
   EXPECT_EQ(pool_a->stats().bytes_reserved, 0);
+  // B proceeds once the room is there, which may be before A's thread counts its answer.
+  EXPECT_TRUE(wait_until([&] { return host.snapshot().entries.at(0).trims_answered != 0; }, 10s));
   LedgerSnapshot snapshot = host.snapshot();
   ASSERT_EQ(snapshot.entries.size(), 2u);
   EXPECT_EQ(snapshot.entries[0].trims_answered, 1u);

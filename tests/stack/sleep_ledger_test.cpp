@@ -130,7 +130,14 @@ TEST(SleepLedger, TwoProcessesTakeTurns) {
   ASSERT_TRUE(woken);
   EXPECT_EQ(woken->rfind("ok", 0), 0u) << *woken;
 
-  LedgerSnapshot after = snapshot_of(segment);
+  // A's wake proceeds once the room is there, which may be before B's trim has
+  // released the rest and counted what it gave.
+  LedgerSnapshot after;
+  EXPECT_TRUE(wait_until([&] {
+    after = snapshot_of(segment);
+    const LedgerEntryInfo* entry = entry_of(after, b.pid());
+    return entry != nullptr && entry->trims_answered != 0;
+  }, 10s));
   a_entry = entry_of(after, a.pid());
   const LedgerEntryInfo* b_entry = entry_of(after, b.pid());
   ASSERT_NE(a_entry, nullptr);
