@@ -179,7 +179,7 @@ class LifetimeTree {
 }  // namespace
 
 std::optional<LifetimePlan> plan_lifetimes(std::span<const Lifetime> blocks, std::uint32_t time_span,
-                                           std::uint64_t max_work) {
+                                           std::uint64_t max_work, const std::atomic<bool>* stop) {
   std::uint64_t total = 0;  // every offset + bytes is at most this: none overflows when it does not
   for (const Lifetime& block : blocks) {
     if (__builtin_add_overflow(total, block.bytes, &total)) return std::nullopt;
@@ -197,7 +197,7 @@ std::optional<LifetimePlan> plan_lifetimes(std::span<const Lifetime> blocks, std
     const Lifetime& life = blocks[block];
     const std::uint64_t offset = live.lowest_fit(life.begin, life.end, life.bytes, work);
     work += live.insert(life.begin, life.end, offset, life.bytes);
-    if (work > max_work) return std::nullopt;
+    if (work > max_work || (stop != nullptr && stop->load(std::memory_order_relaxed))) return std::nullopt;
     plan.offsets[block] = offset;
     plan.footprint_bytes = std::max(plan.footprint_bytes, offset + life.bytes);
   }

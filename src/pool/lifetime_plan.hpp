@@ -7,6 +7,7 @@
 // plan (pool/step_plan.hpp). Internal to the library.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -32,8 +33,9 @@ struct LifetimePlan {
 /// go to the earlier block in the span) so that no two whose lifetimes
 /// overlap overlap in address. nullopt when it would take more than
 /// `max_work` ranges visited or moved, or when the sum of the sizes
-/// overflows 64 bits. Time and memory: O(n log n) sets of merged ranges.
+/// overflows 64 bits, or once `*stop` is set (checked a block at a time).
+/// Time and memory: O(n log n) sets of merged ranges.
 std::optional<LifetimePlan> plan_lifetimes(std::span<const Lifetime> blocks, std::uint32_t time_span,
-                                           std::uint64_t max_work);
+                                           std::uint64_t max_work, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace tidepool::pool

@@ -2,8 +2,15 @@
 // slab (step_plan.hpp says how, and why two live blocks never overlap).
 #include "pool/step_plan.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <limits>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "pool/lifetime_plan.hpp"
 #include "tidepool/units.hpp"
@@ -22,6 +29,100 @@ constexpr std::uint64_t base_to_window() {
 constexpr std::uint64_t kMaxPause = std::uint64_t{1} << 24;
 
 }  // namespace
+
+// The placement of a step, made on the placer's thread, which holds a
+// reference until it is done: the plan may drop its own at any time.
+struct StepPlan::Placing {
+  Placing(std::vector<Lifetime> blocks, std::uint32_t period)
+      : lives(std::move(blocks)), span(period), pid(getpid()) {}
+  const std::vector<Lifetime> lives;
+  const std::uint32_t span;
+  const pid_t pid;  // the process whose thread places
+  std::atomic<bool> stop{false};
+  std::atomic<bool> done{false};
+  std::mutex mutex;
+  std::condition_variable finished;
+  std::optional<LifetimePlan> plan;  // written before done
+
+  void run() {
+    std::optional<LifetimePlan> made = plan_lifetimes(lives, span, kMaxWork, &stop);
+    std::lock_guard lock(mutex);
+    plan = std::move(made);
+    done.store(true, std::memory_order_release);
+    finished.notify_all();
+  }
+  /// The placement, waited for if need be. A child forked while its
+  /// parent's thread placed has no such thread (and what it wrote may be
+  /// half done, its lock held): the child places here.
+  std::optional<LifetimePlan> take() {
+    if (done.load(std::memory_order_acquire)) return std::move(plan);
+    if (pid != getpid()) return plan_lifetimes(lives, span, kMaxWork);
+    std::unique_lock lock(mutex);
+    finished.wait(lock, [this] { return done.load(std::memory_order_relaxed); });
+    return std::move(plan);
+  }
+};
+
+// One thread a process places the steps of every pool, in turn. It is
+// started when a plan first logs (in a pool's first pass, among its device
+// calls), so that a step found later costs the allocating thread no thread
+// start (some 50 us here, the whole of a short step's pass). A child forked
+// from a process that had one starts its own (the parent's thread, and the
+// state of its lock, are not the child's); the parent's placer is left as it
+// was copied.
+class StepPlan::Placer {
+ public:
+  /// This process's placer, started if need be.
+  static Placer& get() {
+    static std::atomic<Placer*> current{nullptr};
+    const pid_t pid = getpid();
+    Placer* placer = current.load(std::memory_order_acquire);
+    if (placer != nullptr && placer->pid_ == pid) return *placer;
+    auto* fresh = new Placer(pid, placer);
+    if (!current.compare_exchange_strong(placer, fresh, std::memory_order_acq_rel)) {
+      delete fresh;  // another thread made this process's placer first
+      return *placer;
+    }
+    try {
+      std::thread([fresh] { fresh->run(); }).detach();
+      fresh->started_.store(true, std::memory_order_release);
+    } catch (const std::system_error&) {
+      // No thread to be had: each plan places its step itself.
+    }
+    return *fresh;
+  }
+  /// Queues `placing`; false when there is no thread (the caller places it).
+  bool submit(std::shared_ptr<Placing> placing) {
+    if (!started_.load(std::memory_order_acquire)) return false;
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(placing));
+    }
+    wake_.notify_one();
+    return true;
+  }
+
+ private:
+  Placer(pid_t pid, Placer* parents) : pid_(pid), parents_(parents) {}
+  [[noreturn]] void run() {
+    for (;;) {
+      std::shared_ptr<Placing> placing;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return !queue_.empty(); });
+        placing = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      placing->run();  // a placing stopped ends at its first block
+    }
+  }
+  const pid_t pid_;
+  [[maybe_unused]] Placer* const parents_;  // kept as it was copied (its lock may be held): reachable, never used
+  std::atomic<bool> started_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Placing>> queue_;
+};
 
 std::uint64_t StepPlan::key_of(const Logged& entry) const noexcept {
   std::uint64_t key = (entry.bytes ^ (entry.stream * 0xC2B2AE3D27D4EB4FULL)) + 0x165667B19E3779F9ULL;
@@ -131,6 +232,7 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
     // appending to fresh pages would take a page fault every 128 events.
     events_.resize(kMaxEvents);
     events_.clear();
+    (void)Placer::get();  // and the thread that will place its steps started
   }
   // Only a step whose newer copy made a device call is planned, and a copy
   // ends at the latest request: shortly after a call each request is logged
@@ -224,7 +326,6 @@ void StepPlan::scan() {
       const std::uint32_t period = candidate.period;
       candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(i));
       if (confirm(period, index + 1)) {
-        if (log_.empty()) return;  // paused: the log is gone
         armed_at_ = index + 1;  // planned: the requests logged after `index` are matched above
         armed_until_ = static_cast<std::uint32_t>(log_.size());
         break;
@@ -272,11 +373,11 @@ bool StepPlan::confirm(std::uint32_t period, std::uint32_t end) {
       return false;
     }
   }
-  if (!plan_step(first, period)) back_off();
+  plan_step(first, period);
   return true;
 }
 
-bool StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
+void StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
   // Bytes live across each position (allocated before it, freed after it),
   // around the step as a circle: the step is cut where that is least, so
   // that few blocks span the cut (they keep their slot the whole step).
@@ -330,31 +431,58 @@ bool StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
                                                  : Lifetime{0, period, entry.bytes});
     planned.push_back(at);
   }
-  std::optional<LifetimePlan> plan = plan_lifetimes(lives, period, kMaxWork);
-  if (!plan) return false;
-
   stream_ = log_[first].stream;
-  footprint_ = plan->footprint_bytes;
+  planned_ = std::move(planned);
+  start_placing(std::move(lives), period);
+  // The next request is the one after the newer copy: position 0 of the
+  // older copy, `cut` before the plan's start.
+  position_ = (period - cut) % period;
+  phase_ = Phase::armed;  // the log goes on: a longer step may still replace this one
+  ++plans_;
+}
+
+StepPlan::~StepPlan() { abandon_placing(); }
+
+void StepPlan::start_placing(std::vector<Lifetime> lives, std::uint32_t period) {
+  abandon_placing();
+  auto placing = std::make_shared<Placing>(std::move(lives), period);
+  if (!Placer::get().submit(placing)) placing->run();  // no thread: placed now
+  placing_ = std::move(placing);
+}
+
+void StepPlan::abandon_placing() noexcept {
+  if (placing_ == nullptr) return;
+  placing_->stop.store(true, std::memory_order_relaxed);
+  placing_.reset();
+}
+
+std::uint64_t StepPlan::slab_bytes() {
+  if (placing_ != nullptr) {
+    const std::shared_ptr<Placing> placing = std::move(placing_);
+    std::optional<LifetimePlan> plan = placing->take();
+    if (!plan) return 0;  // no placement within kMaxWork
+    install(*plan);
+  }
+  return footprint_;
+}
+
+void StepPlan::install(const LifetimePlan& plan) {
+  const auto period = static_cast<std::uint32_t>(slots_.size());
+  footprint_ = plan.footprint_bytes;
   group_of_offset_.clear();
   ends_at_.assign(period, {});
-  for (std::size_t i = 0; i < planned.size(); ++i) {
-    Slot& slot = slots_[planned[i]];
-    slot.offset = plan->offsets[i];
+  for (std::size_t i = 0; i < planned_.size(); ++i) {
+    Slot& slot = slots_[planned_[i]];
+    slot.offset = plan.offsets[i];
     slot.group = group_of_offset_.try_emplace(slot.offset, static_cast<std::uint32_t>(group_of_offset_.size()))
                      .first->second;
-    ends_at_[(planned[i] + slot.lifetime) % period].push_back(planned[i]);
+    ends_at_[(planned_[i] + slot.lifetime) % period].push_back(planned_[i]);
   }
   live_in_group_.assign(group_of_offset_.size(), kLive);
   handed_at_.assign(period, 0);
   live_.assign(period, 0);
   overdue_.assign(period, 0);
   live_count_ = overdue_count_ = 0;
-  // The next request is the one after the newer copy: position 0 of the
-  // older copy, `cut` before the plan's start.
-  position_ = (period - cut) % period;
-  phase_ = Phase::armed;  // the log goes on: a longer step may still replace this one
-  ++plans_;
-  return true;
 }
 
 void StepPlan::opened() noexcept {
@@ -367,6 +495,8 @@ void StepPlan::opened() noexcept {
 }
 
 void StepPlan::disarm() noexcept {
+  abandon_placing();
+  planned_.clear();
   phase_ = Phase::learning;
   slots_.clear();
   ends_at_.clear();
@@ -481,8 +611,9 @@ std::string StepPlan::describe() const {
     case Phase::learning:
       return "step plan: learning (" + std::to_string(plans_) + " planned so far)";
     case Phase::armed:
-      return "step plan: " + std::to_string(slots_.size()) + " large requests planned in " +
-             format_bytes(footprint_) + ", waiting for the step's start";
+      return "step plan: " + std::to_string(slots_.size()) + " large requests planned" +
+             (placing_ != nullptr ? " (being placed)" : " in " + format_bytes(footprint_)) +
+             ", waiting for the step's start";
     case Phase::following:
     case Phase::lost:
     case Phase::retiring:

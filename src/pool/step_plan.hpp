@@ -25,7 +25,11 @@
 // - armed: the step is planned (rotated to start where the fewest bytes are
 //   live across the cut); requests keep being matched against it until the
 //   step's start, where the pool maps one block of the plan's footprint, the
-//   *slab*.
+//   *slab*. The placement itself (plan_lifetimes, milliseconds for a step of
+//   a few thousand requests) is made on a thread of its own meanwhile, and
+//   waited for at the step's start if it is not done by then: the allocating
+//   thread pays only the matching, and the pool places alike however fast
+//   the thread is.
 // - following: each request that matches the next one of the plan is served at
 //   its offset in the slab; one that does not loses the plan's place (lost)
 //   until the step's first request comes again. A block the plan leaves to the
@@ -41,11 +45,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "pool/lifetime_plan.hpp"
 #include "tidepool/device.hpp"
 #include "tidepool/error.hpp"
 
@@ -53,10 +59,16 @@ namespace tidepool::pool {
 
 class StepPlan {
  public:
+  StepPlan() = default;
+  StepPlan(const StepPlan&) = delete;
+  StepPlan& operator=(const StepPlan&) = delete;
+  /// A placement still being made is stopped (its thread ends at its next block).
+  ~StepPlan();
+
   /// Requests hashed together to find an earlier spot that repeats.
   static constexpr std::uint32_t kWindow = 16;
   /// The most large requests a planned step may have (planning one takes
-  /// milliseconds, on the allocating thread, once).
+  /// milliseconds, off the allocating thread, once).
   static constexpr std::uint32_t kMaxPeriod = 1u << 14;
   /// Requests logged before the log starts again (two copies of the longest step).
   static constexpr std::uint32_t kLogCapacity = 2 * kMaxPeriod;
@@ -90,7 +102,10 @@ class StepPlan {
   bool wants_slab(std::size_t bytes, Stream stream) const noexcept {
     return phase_ == Phase::armed && position_ == 0 && matches(0, bytes, stream);
   }
-  std::uint64_t slab_bytes() const noexcept { return footprint_; }
+  /// The plan's footprint, once its placement is made: waits for the
+  /// placement's thread if it is not done yet; 0 when no placement was found
+  /// (within kMaxWork), and then the pool drop()s the plan.
+  std::uint64_t slab_bytes();
   /// The bytes of the step's blocks the arena serves (they outlive a step).
   std::uint64_t unplanned_bytes() const noexcept { return unplanned_; }
   /// The slab of slab_bytes() is open: following from the step's first request.
@@ -163,9 +178,18 @@ class StepPlan {
   void scan();
   /// The 2P logged requests before `end` are two copies: plan the older one
   /// if it is a step. False: it is not (the search goes on); true: planned
-  /// (armed) or learning paused (the log is gone).
+  /// (armed; the placement is being made).
   bool confirm(std::uint32_t period, std::uint32_t end);
-  bool plan_step(std::uint32_t first, std::uint32_t period);
+  void plan_step(std::uint32_t first, std::uint32_t period);
+  /// The placement of the step's blocks, made on a thread of its own (or
+  /// here, where no thread can be started).
+  struct Placing;
+  class Placer;
+  void start_placing(std::vector<Lifetime> lives, std::uint32_t period);
+  /// Stops the placement being made, if any; its result is not wanted.
+  void abandon_placing() noexcept;
+  /// Takes the placement made: each planned slot's offset, the footprint.
+  void install(const LifetimePlan& plan);
   /// An armed plan missed: learning goes on, its log kept.
   void disarm() noexcept;
   /// The slab's time moves to the next request: slots due to end by now become overdue.
@@ -246,6 +270,8 @@ class StepPlan {
   std::uint64_t next_pause_ = kLogCapacity;
   // the plan
   Stream stream_ = 0;
+  std::shared_ptr<Placing> placing_;            // armed, and the offsets not taken yet
+  std::vector<std::uint32_t> planned_;          // the slot of each block given to the placement
   std::vector<Slot> slots_;                     // by position in the step
   std::vector<std::vector<std::uint32_t>> ends_at_;  // position -> slots whose lifetime ends there
   std::unordered_map<std::uint64_t, std::uint32_t> group_of_offset_;

@@ -5,6 +5,8 @@
 #include "pool/step_plan.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -363,6 +365,73 @@ TEST(StepPlan, ASecondFreeOrAPointerIntoABlockIsAClearError) {
   ASSERT_TRUE(second);
   ASSERT_TRUE(plan.give_back(*second, 7, 0x2000));
   EXPECT_EQ(plan.pending_streams(), std::vector<Stream>{7});
+}
+
+// The placement is made on a thread of its own and taken at the step's start
+// (slab_bytes waits for it); a plan dropped or destroyed while it is being
+// placed stops its thread (ASan and TSan run this).
+TEST(StepPlan, ThePlacementIsTakenAtTheStepsStartAndMayBeDroppedWhileMade) {
+  std::mt19937_64 rng(5);
+  const std::vector<Block> step = random_step(rng, 3000);
+  std::uint64_t footprint = 0;
+  for (int way = 0; way < 3; ++way) {
+    StepPlan plan;
+    Driver driver(plan);
+    for (int run = 0; run < 4 && plan.phase() == Phase::learning; ++run) driver.run(step, true);
+    ASSERT_EQ(plan.phase(), Phase::armed);
+    EXPECT_NE(plan.describe().find("(being placed)"), std::string::npos) << plan.describe();
+    if (way == 0) {
+      footprint = plan.slab_bytes();
+      EXPECT_GT(footprint, 0u);
+      EXPECT_EQ(plan.describe().find("(being placed)"), std::string::npos) << plan.describe();
+      driver.run(step, false);
+      EXPECT_EQ(plan.phase(), Phase::following);
+      EXPECT_EQ(driver.from_slab(), step.size());
+    } else if (way == 1) {
+      plan.drop();
+      EXPECT_EQ(plan.phase(), Phase::learning);
+      EXPECT_EQ(plan.slab_bytes(), 0u);
+    }  // way 2: destroyed while armed
+  }
+  // The same step is placed alike, however fast the thread was.
+  StepPlan again;
+  Driver driver(again);
+  for (int run = 0; run < 4 && again.phase() == Phase::learning; ++run) driver.run(step, true);
+  EXPECT_EQ(again.slab_bytes(), footprint);
+}
+
+// A child forked while its parent's thread places the step has no such
+// thread: it places the step itself, alike, and starts a placer of its own
+// for the next plan.
+TEST(StepPlan, AChildForkedWhileTheStepIsPlacedPlacesItItself) {
+  std::mt19937_64 rng(6);
+  const std::vector<Block> step = random_step(rng, 6000);
+  StepPlan plan;
+  Driver driver(plan);
+  for (int run = 0; run < 4 && plan.phase() == Phase::learning; ++run) driver.run(step, true);
+  ASSERT_EQ(plan.phase(), Phase::armed);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::uint64_t bytes = plan.slab_bytes();
+    StepPlan own;
+    Driver driver_of_own(own);
+    for (int run = 0; run < 4 && own.phase() == Phase::learning; ++run) driver_of_own.run(step, true);
+    const bool placed_alike = own.phase() == Phase::armed && own.slab_bytes() == bytes;
+    _exit(write(fds[1], &bytes, sizeof bytes) == sizeof bytes && placed_alike ? 0 : 1);
+  }
+  close(fds[1]);
+  std::uint64_t childs = 0;
+  EXPECT_EQ(read(fds[0], &childs, sizeof childs), static_cast<ssize_t>(sizeof childs));
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const std::uint64_t parents = plan.slab_bytes();
+  EXPECT_GT(parents, 0u);
+  EXPECT_EQ(childs, parents);
 }
 
 // --- the pool served from a plan ---------------------------------------------
