@@ -2,6 +2,7 @@
 // slab (step_plan.hpp says how, and why two live blocks never overlap).
 #include "pool/step_plan.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,6 +106,7 @@ class StepPlan::Placer {
  private:
   Placer(pid_t pid, Placer* parents) : pid_(pid), parents_(parents) {}
   [[noreturn]] void run() {
+    pthread_setname_np(pthread_self(), "tidepool-plan");  // as top and gdb show it
     for (;;) {
       std::shared_ptr<Placing> placing;
       {
