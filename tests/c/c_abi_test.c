@@ -6,6 +6,7 @@
  * argv[1]: the path of libtidepool_c.so. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -279,6 +280,15 @@ static void test_symbols(const char* library) {
   /* The C++ inside is not exported. */
   CHECK(dlsym(handle, "_ZN8tidepool8bindings10make_stackERKNS_6ConfigE") == NULL);
   CHECK(dlsym(handle, "_ZN8tidepool9errc_nameENS_4ErrcE") == NULL);
+  /* Never unloaded (-z nodelete): the thread that places step plans lives as
+   * long as the process, whatever dlclose is called. */
+  struct link_map* map = NULL;
+  CHECK(dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != NULL);
+  int nodelete = 0;
+  for (const ElfW(Dyn)* entry = map != NULL ? map->l_ld : NULL; entry != NULL && entry->d_tag != DT_NULL; ++entry) {
+    if (entry->d_tag == DT_FLAGS_1 && (entry->d_un.d_val & DF_1_NODELETE) != 0) nodelete = 1;
+  }
+  CHECK(nodelete);
   dlclose(handle);
 }
 
