@@ -417,6 +417,8 @@ void StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
   unplanned_ = 0;
   std::vector<Lifetime> lives;
   std::vector<std::uint32_t> planned;  // slot of each of lives
+  lives.reserve(period);
+  planned.reserve(period);
   for (std::uint32_t p = 0; p < period; ++p) {
     const std::uint32_t at = (p + period - cut) % period;
     const Logged& entry = log_[first + p];
