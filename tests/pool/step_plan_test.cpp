@@ -127,12 +127,16 @@ class Driver {
   std::size_t from_slab_ = 0, overlaps_ = 0;
 };
 
-// Runs `step` (the pool making device calls) until the plan is laid, then
-// once more: two copies to learn it (a third where the repeat's first anchor
-// came late), the next to open the slab; then the plan follows, at the
-// step's start.
-void learn(Driver& driver, const StepPlan& plan, const std::vector<Block>& step) {
+// Runs `step` (the pool making device calls) until the plan is found: two
+// copies to learn it, a third where the repeat's first anchor came late.
+void arm(Driver& driver, const StepPlan& plan, const std::vector<Block>& step) {
   for (int run = 0; run < 4 && plan.phase() == Phase::learning; ++run) driver.run(step, true);
+}
+
+// arm(), then once more: the next step opens the slab; then the plan
+// follows, at the step's start.
+void learn(Driver& driver, const StepPlan& plan, const std::vector<Block>& step) {
+  arm(driver, plan, step);
   ASSERT_NE(plan.phase(), Phase::learning);
   driver.run(step, false);
   ASSERT_EQ(plan.phase(), Phase::following);
@@ -389,7 +393,7 @@ TEST(StepPlan, ThePlacementIsTakenAtTheStepsStartAndMayBeDroppedWhileMade) {
   for (int way = 0; way < 3; ++way) {
     StepPlan plan;
     Driver driver(plan);
-    for (int run = 0; run < 4 && plan.phase() == Phase::learning; ++run) driver.run(step, true);
+    arm(driver, plan, step);
     ASSERT_EQ(plan.phase(), Phase::armed);
     EXPECT_NE(plan.describe().find("(being placed)"), std::string::npos) << plan.describe();
     EXPECT_TRUE(has_thread_named("tidepool-plan"));
@@ -409,7 +413,7 @@ TEST(StepPlan, ThePlacementIsTakenAtTheStepsStartAndMayBeDroppedWhileMade) {
   // The same step is placed alike, however fast the thread was.
   StepPlan again;
   Driver driver(again);
-  for (int run = 0; run < 4 && again.phase() == Phase::learning; ++run) driver.run(step, true);
+  arm(driver, again, step);
   EXPECT_EQ(again.slab_bytes(), footprint);
 }
 
@@ -435,7 +439,7 @@ TEST(StepPlan, AChildForkedWhileTheStepIsPlacedPlacesItItself) {
   const std::vector<Block> step = random_step(rng, 6000);
   StepPlan plan;
   Driver driver(plan);
-  for (int run = 0; run < 4 && plan.phase() == Phase::learning; ++run) driver.run(step, true);
+  arm(driver, plan, step);
   ASSERT_EQ(plan.phase(), Phase::armed);
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
@@ -447,7 +451,7 @@ TEST(StepPlan, AChildForkedWhileTheStepIsPlacedPlacesItItself) {
     if (!kUnderTsan) {
       StepPlan own;
       Driver driver_of_own(own);
-      for (int run = 0; run < 4 && own.phase() == Phase::learning; ++run) driver_of_own.run(step, true);
+      arm(driver_of_own, own, step);
       placed_alike = own.phase() == Phase::armed && own.slab_bytes() == bytes;
     }
     _exit(write(fds[1], &bytes, sizeof bytes) == sizeof bytes && placed_alike ? 0 : 1);
