@@ -542,7 +542,9 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   }
   if (!space->small) s.plan.record_free(ptr, stream);
   if (!space->small && s.holds_back()) {
-    if (s.hold_back.hold_next()) {
+    const bool hold = s.hold_back.hold_next();
+    if (s.hold_back.tearing_down()) s.plan.torn_down();
+    if (hold) {
       const std::size_t bytes = s.large.live_size(ptr);
       if (bytes != 0 && !s.is_held(ptr)) {
         if (s.held.size() == kHeldBlocks) {

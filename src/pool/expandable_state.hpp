@@ -93,6 +93,8 @@ class HoldBack {
     if (++frees_ == (mode_ == Mode::skip ? kRetry : kWindow)) next_window();
     return mode_ == Mode::hold;
   }
+  /// More large frees in a row than blocks are held: a teardown.
+  bool tearing_down() const noexcept { return frees_in_row_ > kHeldBlocks; }
   /// A large block is asked for; `hit`: a held block served it.
   void asked(bool hit) noexcept {
     frees_in_row_ = 0;

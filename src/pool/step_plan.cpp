@@ -140,7 +140,7 @@ void StepPlan::restart_log() noexcept {
   std::vector<Seen>().swap(seen_);
   seen_bits_ = 0;
   std::vector<LiveSlot>().swap(logged_live_);
-  events_.clear();
+  events_size_ = 0;
   log_.clear();
   scanned_ = 0;
   logged_live_count_ = 0;
@@ -221,35 +221,36 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
   if (device_calls != last_calls_) {
     last_calls_ = device_calls;
     quiet_for_ = 0;
+    torn_down_ = false;
   } else if (++quiet_for_ > kQuietLimit) {
-    if (!log_.empty() || !events_.empty()) restart_log();
+    if (!log_.empty() || events_size_ != 0) restart_log();
     return;
   }
   if (paused_for_ > 0) {
     --paused_for_;
     return;
   }
-  if (events_.capacity() == 0) {
-    // Every page touched now, at the first request logged: a quiet pool
-    // appending to fresh pages would take a page fault every 128 events.
-    events_.resize(kMaxEvents);
-    events_.clear();
+  if (events_ == nullptr) {
+    // Every page touched now (zeroed), at the first request logged: a quiet
+    // pool appending to fresh pages would take a page fault every 128 events.
+    events_ = std::make_unique<Event[]>(kMaxEvents);
     (void)Placer::get();  // and the thread that will place its steps started
   }
   // Only a step whose newer copy made a device call is planned, and a copy
-  // ends at the latest request: shortly after a call each request is logged
-  // and searched as it comes; after that the events only pile up, and the
-  // next call logs and searches them (a sequential pass).
-  if (quiet_for_ <= kEagerRequests) {
+  // ends at the latest request: shortly after a call (and before any
+  // teardown) each request is logged and searched as it comes; after that
+  // the events only pile up, and the next call logs and searches them (a
+  // sequential pass).
+  if (eager()) {
     fold();  // what piled up before the call
     if (paused_for_ == 0 && log_alloc_now(ptr, bytes, stream, device_calls)) scan();
     return;
   }
-  if (events_.size() == kMaxEvents) {
+  if (events_size_ == kMaxEvents) {
     fold();
     if (paused_for_ > 0) return;  // the log was full: learning pauses
   }
-  events_.push_back({ptr, bytes, stream, device_calls});
+  events_[events_size_++] = {ptr, bytes, stream, device_calls};
 }
 
 bool StepPlan::log_alloc_now(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
@@ -272,7 +273,7 @@ void StepPlan::log_free_now(const void* ptr, Stream stream) noexcept {
 }
 
 void StepPlan::fold() {
-  for (std::size_t i = 0; i < events_.size(); ++i) {
+  for (std::size_t i = 0; i < events_size_; ++i) {
     const Event& event = events_[i];
     if (event.bytes == 0) {
       log_free_now(event.ptr, event.stream);
@@ -280,7 +281,7 @@ void StepPlan::fold() {
       return;  // the log was full: learning pauses (the events went too)
     }
   }
-  events_.clear();
+  events_size_ = 0;
 }
 
 void StepPlan::scan() {
@@ -339,15 +340,15 @@ void StepPlan::scan() {
 
 void StepPlan::log_free(const void* ptr, Stream stream) {
   if (phase_ != Phase::learning && phase_ != Phase::armed) return;
-  if (events_.empty() && quiet_for_ <= kEagerRequests) {  // searching as requests come: logged now
+  if (events_size_ == 0 && eager()) {  // searching as requests come: logged now
     log_free_now(ptr, stream);
     return;
   }
-  if (events_.size() == kMaxEvents) {
+  if (events_size_ == kMaxEvents) {
     fold();
     if (logged_live_count_ == 0) return;  // nothing logged it could free
   }
-  events_.push_back({ptr, 0, stream, 0});
+  events_[events_size_++] = {ptr, 0, stream, 0};
 }
 
 bool StepPlan::confirm(std::uint32_t period, std::uint32_t end) {
@@ -610,14 +611,19 @@ Expected<std::size_t> StepPlan::give_back(std::uint64_t offset, Stream stream, s
   return slots_[slot].bytes;
 }
 
+std::string StepPlan::searching() const {
+  if (torn_down_) return "; a teardown since the last device call: requests appended until the next";
+  return "";
+}
+
 std::string StepPlan::describe() const {
   switch (phase_) {
     case Phase::learning:
-      return "step plan: learning (" + std::to_string(plans_) + " planned so far)";
+      return "step plan: learning (" + std::to_string(plans_) + " planned so far)" + searching();
     case Phase::armed:
       return "step plan: " + std::to_string(slots_.size()) + " large requests planned" +
              (placing_ != nullptr ? " (being placed)" : " in " + format_bytes(footprint_)) +
-             ", waiting for the step's start";
+             ", waiting for the step's start" + searching();
     case Phase::following:
     case Phase::lost:
     case Phase::retiring:

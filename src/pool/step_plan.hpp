@@ -19,9 +19,10 @@
 //   step without a call needs no plan). Periods inside a step (a model's
 //   layers) are rejected by the freeing rule: what one layer saves for the
 //   backward pass outlives the layer. The search runs as requests come only
-//   shortly after a device call; otherwise requests and frees are only
-//   appended to a list of events, and the next call logs and searches them
-//   (a pool that has gone quiet pays an append a request, then nothing).
+//   shortly after a device call, and not past a teardown (a step ended);
+//   otherwise requests and frees are only appended to a list of events, and
+//   the next call logs and searches them (a pool that has gone quiet pays an
+//   append a request, then nothing).
 // - armed: the step is planned (rotated to start where the fewest bytes are
 //   live across the cut); requests keep being matched against it until the
 //   step's start, where the pool maps one block of the plan's footprint, the
@@ -87,14 +88,31 @@ class StepPlan {
   /// A large request served by the arena at `ptr`; `device_calls`: the pool's
   /// maps, unmaps, creates and releases so far. Ignored unless learning or armed.
   void record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
-    // A quiet pool's path: nothing logged, one comparison.
-    if (device_calls == last_calls_ && quiet_for_ > kQuietLimit) return;
+    if (device_calls == last_calls_) {
+      if (quiet_for_ > kQuietLimit) return;  // a quiet pool's path: nothing logged, one comparison
+      if (appending() && quiet_for_ < kQuietLimit && events_size_ < kMaxEvents) {  // between searches: a store
+        ++quiet_for_;
+        events_[events_size_++] = {ptr, bytes, stream, device_calls};
+        return;
+      }
+    }
     log_alloc(ptr, bytes, stream, device_calls);
   }
   /// A large arena block freed. Ignored unless learning or armed.
   void record_free(const void* ptr, Stream stream) {
-    if (logged_live_count_ != 0 || !events_.empty()) log_free(ptr, stream);
+    if (logged_live_count_ == 0 && events_size_ == 0) return;
+    if (appending() && events_size_ < kMaxEvents) {
+      events_[events_size_++] = {ptr, 0, stream, 0};
+      return;
+    }
+    log_free(ptr, stream);
   }
+  /// The program tore down what it held (more large frees in a row, with no
+  /// large request between them, than the pool holds back: HoldBack). A step
+  /// ended, so the requests after it are the next copy's, and searching them
+  /// as they come plans nothing sooner: they are appended until the next
+  /// device call.
+  void torn_down() noexcept { torn_down_ = true; }
 
   // --- armed ----------------------------------------------------------------
   /// Armed and this request is the step's first: the pool opens the slab
@@ -192,6 +210,8 @@ class StepPlan {
   void install(const LifetimePlan& plan);
   /// An armed plan missed: learning goes on, its log kept.
   void disarm() noexcept;
+  /// What describe() adds while learning: whether a teardown ended the search as requests come.
+  std::string searching() const;
   /// The slab's time moves to the next request: slots due to end by now become overdue.
   void advance() noexcept;
 
@@ -207,7 +227,16 @@ class StepPlan {
   };
   /// Events kept before they are logged anyway (the log is bounded the same).
   static constexpr std::size_t kMaxEvents = std::size_t{1} << 14;
-  std::vector<Event> events_;
+  std::unique_ptr<Event[]> events_;  // kMaxEvents, made at the first request logged
+  std::size_t events_size_ = 0;
+  /// Requests and frees are only appended now: learning, not paused, past
+  /// the requests searched as they come after a device call.
+  bool appending() const noexcept {
+    return (phase_ == Phase::learning || phase_ == Phase::armed) && paused_for_ == 0 && events_ != nullptr &&
+           !eager();
+  }
+  /// Requests are logged and searched as they come: shortly after a device call, unless a teardown came since.
+  bool eager() const noexcept { return quiet_for_ <= kEagerRequests && !torn_down_; }
   std::vector<Logged> log_;
   // Two flat tables, each at least twice what it holds (from 1,024 slots to
   // 2^16): logging a request costs a few probes in memory that stays in cache
@@ -258,6 +287,7 @@ class StepPlan {
   std::uint32_t armed_at_ = 0, armed_until_ = 0;
   std::int64_t last_calls_ = -1;
   std::uint64_t quiet_for_ = 0;
+  bool torn_down_ = false;  // since the last device call (eager() is over)
   struct Candidate {
     std::uint32_t period;
     std::uint32_t run;  // requests in a row equal to the one a period before

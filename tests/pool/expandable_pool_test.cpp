@@ -740,6 +740,8 @@ TEST(ExpandablePool, ATeardownLeavesNothingHeldAndLazyModeHoldsAsExactModeDoes) 
   for (int i = 0; i < 24; ++i) step.push_back(must_allocate(*pool, (4 + i % 3) * MiB));
   for (void* block : step) ASSERT_TRUE(pool->deallocate(block));
   EXPECT_EQ(pool->dump().find("held back"), std::string::npos) << pool->dump();
+  // The step plan hears of it: what comes next is only appended, not searched.
+  EXPECT_NE(pool->dump().find("a teardown since the last device call"), std::string::npos) << pool->dump();
   // The same step again lands where it did, on mapped memory.
   const std::int64_t maps = pool->stats().num_maps;
   for (int i = 0; i < 24; ++i) {

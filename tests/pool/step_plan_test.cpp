@@ -205,6 +205,43 @@ TEST(StepPlan, AStepFoundWhenTheCallComesLateIsFollowedFromTheNextStep) {
   EXPECT_EQ(again.overlaps(), 0u);
 }
 
+// After a device call requests are searched as they come, so that a step
+// whose newer copy ends soon after the call is planned before the next copy
+// starts. A teardown (more large frees in a row than a step's end has
+// between requests) ends that: a step ended, and the requests after it are
+// only appended, to be searched at the next call. Here the second copy's
+// call comes 20 requests before its end, so the two copies are found a few
+// requests into the third (where the repeat's first anchor puts their end).
+// With a teardown 10 requests before the second copy's end, those requests
+// are appended and nothing is planned; the fourth copy's call finds the two
+// copies and plans them, and the slab opens at the next start of the step.
+TEST(StepPlan, ATeardownEndsTheSearchAsRequestsComeUntilTheNextCall) {
+  std::mt19937_64 rng(7);
+  const std::vector<Block> step = random_step(rng, 300);
+  const auto three_copies = [&](StepPlan& plan, Driver& driver, bool teardown) {
+    driver.run(step, true);
+    driver.run(step, true, kDefaultStream, step.size() - 20, [&](std::uint32_t i) {
+      if (teardown && i == step.size() - 10) plan.torn_down();
+    });
+    driver.run(step, false);
+  };
+  StepPlan control;
+  Driver searched(control);
+  three_copies(control, searched, false);
+  EXPECT_EQ(control.phase(), Phase::armed);
+
+  StepPlan plan;
+  Driver driver(plan);
+  three_copies(plan, driver, true);
+  EXPECT_EQ(plan.phase(), Phase::learning);  // searched as they came, the third's first requests would plan it
+  driver.run(step, true, kDefaultStream, 0);  // the fourth copy's first request calls
+  EXPECT_NE(plan.phase(), Phase::learning);
+  for (int i = 0; i < 3; ++i) driver.run(step, false);
+  EXPECT_EQ(plan.phase(), Phase::following);
+  EXPECT_GE(driver.from_slab(), 2 * step.size());
+  EXPECT_EQ(driver.overlaps(), 0u);
+}
+
 // Between eager searches requests and frees are only appended; frees of
 // blocks the log never saw (made before it started) can pile up past the
 // bound on what is kept, and are logged then, in order, with what came
