@@ -126,8 +126,8 @@ class StepPlan::Placer {
   std::deque<std::shared_ptr<Placing>> queue_;
 };
 
-std::uint64_t StepPlan::key_of(const Logged& entry) const noexcept {
-  std::uint64_t key = (entry.bytes ^ (entry.stream * 0xC2B2AE3D27D4EB4FULL)) + 0x165667B19E3779F9ULL;
+std::uint64_t StepPlan::key_of(std::size_t bytes, Stream stream) noexcept {
+  std::uint64_t key = (bytes ^ (stream * 0xC2B2AE3D27D4EB4FULL)) + 0x165667B19E3779F9ULL;
   key ^= key >> 31;
   key *= 0xBF58476D1CE4E5B9ULL;
   return key ^ (key >> 29);
@@ -141,12 +141,16 @@ void StepPlan::restart_log() noexcept {
   seen_bits_ = 0;
   std::vector<LiveSlot>().swap(logged_live_);
   events_size_ = 0;
+  appended_requests_ = 0;
   log_.clear();
   scanned_ = 0;
   logged_live_count_ = 0;
   anchors_ = 0;
   hash_ = 0;
-  candidates_.clear();
+  candidate_count_ = 0;
+  copy_start_ = 0;
+  stream_changed_at_ = 0;
+  match_period_ = 0;
 }
 
 void StepPlan::back_off() noexcept {
@@ -230,6 +234,8 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
     --paused_for_;
     return;
   }
+  if (copy_ended_) end_copy();
+  if (match_period_ != 0 && match(bytes, stream, device_calls)) return;
   if (events_ == nullptr) {
     // Every page touched now (zeroed), at the first request logged: a quiet
     // pool appending to fresh pages would take a page fault every 128 events.
@@ -251,6 +257,7 @@ void StepPlan::log_alloc(const void* ptr, std::size_t bytes, Stream stream, std:
     if (paused_for_ > 0) return;  // the log was full: learning pauses
   }
   events_[events_size_++] = {ptr, bytes, stream, device_calls};
+  ++appended_requests_;
 }
 
 bool StepPlan::log_alloc_now(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
@@ -260,7 +267,8 @@ bool StepPlan::log_alloc_now(const void* ptr, std::size_t bytes, Stream stream, 
   }
   if (log_.capacity() == 0) log_.reserve(kLogCapacity);  // pages are touched as the log grows, never copied
   const auto index = static_cast<std::uint32_t>(log_.size());
-  log_.push_back({bytes, stream, kLive, 0, device_calls});
+  if (index > 0 && log_[index - 1].stream != stream) stream_changed_at_ = index;
+  log_.push_back({key_of(bytes, stream), bytes, stream, kLive, 0, device_calls});
   live_insert(ptr, index);
   return true;
 }
@@ -282,6 +290,7 @@ void StepPlan::fold() {
     }
   }
   events_size_ = 0;
+  appended_requests_ = 0;
 }
 
 void StepPlan::scan() {
@@ -297,11 +306,14 @@ void StepPlan::scan() {
         position_ = (position_ + 1) % static_cast<std::uint32_t>(slots_.size());
       }
     }
-    hash_ = hash_ * kBase + key_of(log_[index]);
-    if (index >= kWindow) hash_ -= key_of(log_[index - kWindow]) * kBaseToWindow;
+    hash_ = hash_ * kBase + log_[index].key;
+    if (index >= kWindow) hash_ -= log_[index - kWindow].key * kBaseToWindow;
     if (index + 1 < kWindow) continue;
-    std::erase_if(candidates_,
-                  [&](const Candidate& candidate) { return !same_request(index, index - candidate.period); });
+    std::uint32_t kept = 0;  // the periods whose request here is the one a period before
+    for (std::uint32_t i = 0; i < candidate_count_; ++i) {
+      if (same_request(index, index - candidates_[i].period)) candidates_[kept++] = candidates_[i];
+    }
+    candidate_count_ = kept;
     // Windows are remembered only at anchors, a quarter of them picked by
     // their own hash: a repeat has its anchors where the first copy had
     // them, and the table stays small enough to stay in cache.
@@ -314,26 +326,28 @@ void StepPlan::scan() {
       } else {
         for (const std::uint32_t before : {seen.latest, seen.first}) {
           const std::uint32_t period = index - before;
-          if (period > kMaxPeriod || candidates_.size() == kCandidates) break;
-          if (std::none_of(candidates_.begin(), candidates_.end(),
-                           [period](const Candidate& candidate) { return candidate.period == period; })) {
-            candidates_.push_back({period, kWindow - 1});  // the window matched (confirm() checks in full)
+          if (period > kMaxPeriod || candidate_count_ == kCandidates) break;
+          if (!has_candidate(period)) {
+            candidates_[candidate_count_++] = {period, kWindow - 1};  // the window matched (confirm() checks in full)
           }
         }
         seen.latest = index;
       }
     }
-    for (std::size_t i = 0; i < candidates_.size(); ++i) {
+    for (std::uint32_t i = 0; i < candidate_count_;) {
       Candidate& candidate = candidates_[i];
-      if (++candidate.run < candidate.period || index + 1 < 2 * candidate.period) continue;
+      if (++candidate.run < candidate.period || index + 1 < 2 * candidate.period) {
+        ++i;
+        continue;
+      }
       const std::uint32_t period = candidate.period;
-      candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(i));
+      std::copy(candidates_.begin() + i + 1, candidates_.begin() + candidate_count_, candidates_.begin() + i);
+      --candidate_count_;
       if (confirm(period, index + 1)) {
         armed_at_ = index + 1;  // planned: the requests logged after `index` are matched above
         armed_until_ = static_cast<std::uint32_t>(log_.size());
         break;
       }
-      --i;
     }
   }
 }
@@ -349,6 +363,70 @@ void StepPlan::log_free(const void* ptr, Stream stream) {
     if (logged_live_count_ == 0) return;  // nothing logged it could free
   }
   events_[events_size_++] = {ptr, 0, stream, 0};
+}
+
+void StepPlan::end_copy() {
+  copy_ended_ = false;
+  if (match_period_ != 0) return;  // the teardown ended a copy being compared
+  // A pool quiet for a while before the teardown will most likely serve the
+  // next copy quietly too: the events piled up are left as they are (folding
+  // them here would cost every teardown of a settled program), and where the
+  // next copy starts in the log is not known.
+  if (quiet_for_ > kEagerRequests) {
+    copy_start_ = kLive;
+    return;
+  }
+  // The copy's requests are all logged; the teardown's frees are logged
+  // only if the copy is planned (they are all a quiet repeat would cost).
+  if (appended_requests_ != 0) fold();
+  const std::uint32_t first = copy_start_;
+  const auto end = static_cast<std::uint32_t>(log_.size());
+  copy_start_ = end;  // the next copy starts with this request
+  if (first == kLive || paused_for_ > 0 || phase_ != Phase::learning) return;
+  if (end - first < kWindow || end - first > kMaxPeriod) return;
+  if (stream_changed_at_ > first) return;  // on one stream only
+  match_first_ = first;
+  match_period_ = end - first;
+  match_at_ = 0;
+  match_wrapped_ = false;
+}
+
+bool StepPlan::match(std::size_t bytes, Stream stream, std::int64_t device_calls) {
+  const std::uint32_t first = match_first_, period = match_period_;
+  if (log_[first + match_at_].bytes != bytes || log_[first + match_at_].stream != stream) {
+    match_period_ = 0;
+    if (match_at_ > 0 || match_wrapped_) restart_log();  // the requests matched were not logged
+    return false;
+  }
+  if (++match_at_ < period) return true;
+  // The newer copy is whole. As confirm() does: planned if the pool made a
+  // device call since the older copy's last request; else the copy after it
+  // is compared in turn.
+  match_at_ = 0;
+  if (device_calls == log_[first + period - 1].calls) {
+    match_wrapped_ = true;
+    return true;
+  }
+  match_period_ = 0;
+  // As confirm() asks too: the older copy's blocks were all freed, on its
+  // stream (frees after the teardown are not logged: a block freed then
+  // counts as live, and the copy is no step).
+  fold();
+  bool whole = logged_live_count_ == 0;
+  for (std::uint32_t k = first; whole && k < first + period; ++k) whole = log_[k].freed_on == log_[first].stream;
+  if (!whole) {
+    restart_log();
+    return true;
+  }
+  plan_step(first, period);
+  // The log goes on after the older copy (the newer one was not logged): the
+  // window's hash is the newer copy's end, which is the older copy's.
+  scanned_ = static_cast<std::uint32_t>(log_.size());
+  armed_at_ = armed_until_ = scanned_;
+  hash_ = 0;
+  for (std::uint32_t k = scanned_ - kWindow; k < scanned_; ++k) hash_ = hash_ * kBase + log_[k].key;
+  candidate_count_ = 0;
+  return true;
 }
 
 bool StepPlan::confirm(std::uint32_t period, std::uint32_t end) {
@@ -384,12 +462,16 @@ void StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
   // Bytes live across each position (allocated before it, freed after it),
   // around the step as a circle: the step is cut where that is least, so
   // that few blocks span the cut (they keep their slot the whole step).
-  std::vector<std::int64_t> crossing(period + 1, 0);
+  // A step no block of which outlives its end (a copy a teardown ended) is
+  // cut at its start: nothing is live across it.
+  bool wraps = false;
+  for (std::uint32_t p = 0; p < period && !wraps; ++p) wraps = log_[first + p].freed_at > first + period;
+  std::vector<std::int64_t> crossing(wraps ? period + 1 : 0, 0);
   auto cover = [&](std::uint32_t from, std::uint32_t to, std::int64_t bytes) {  // [from, to), to <= period
     crossing[from] += bytes;
     crossing[to] -= bytes;
   };
-  for (std::uint32_t p = 0; p < period; ++p) {
+  for (std::uint32_t p = 0; wraps && p < period; ++p) {
     const Logged& entry = log_[first + p];
     const std::uint32_t lifetime = entry.freed_at - (first + p);
     if (lifetime > period || lifetime < 2) continue;
@@ -406,7 +488,7 @@ void StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
   }
   std::uint32_t cut = 0;
   std::int64_t live = 0, least = std::numeric_limits<std::int64_t>::max();
-  for (std::uint32_t p = 0; p < period; ++p) {
+  for (std::uint32_t p = 0; wraps && p < period; ++p) {
     live += crossing[p];
     if (live < least) {
       least = live;
@@ -421,7 +503,7 @@ void StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
   lives.reserve(period);
   planned.reserve(period);
   for (std::uint32_t p = 0; p < period; ++p) {
-    const std::uint32_t at = (p + period - cut) % period;
+    const std::uint32_t at = p >= cut ? p - cut : p + period - cut;
     const Logged& entry = log_[first + p];
     Slot& slot = slots_[at];
     slot.bytes = entry.bytes;
@@ -612,6 +694,10 @@ Expected<std::size_t> StepPlan::give_back(std::uint64_t offset, Stream stream, s
 }
 
 std::string StepPlan::searching() const {
+  if (match_period_ != 0) {
+    return "; comparing requests with the copy a teardown ended: " + std::to_string(match_at_) + " of " +
+           std::to_string(match_period_) + " matched";
+  }
   if (torn_down_) return "; a teardown since the last device call: requests appended until the next";
   return "";
 }

@@ -22,7 +22,11 @@
 //   shortly after a device call, and not past a teardown (a step ended);
 //   otherwise requests and frees are only appended to a list of events, and
 //   the next call logs and searches them (a pool that has gone quiet pays an
-//   append a request, then nothing).
+//   append a request, then nothing). A teardown also ends a copy: when the
+//   pool still made calls just before it, the requests after it are
+//   compared with those logged since the last teardown, one by one, and a
+//   repeat that made a call is planned at its last request, as the search
+//   would plan it, without logging or searching it.
 // - armed: the step is planned (rotated to start where the fewest bytes are
 //   live across the cut); requests keep being matched against it until the
 //   step's start, where the pool maps one block of the plan's footprint, the
@@ -44,6 +48,7 @@
 // the slab serves again (pending_streams()).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -90,17 +95,27 @@ class StepPlan {
   void record_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls) {
     if (device_calls == last_calls_) {
       if (quiet_for_ > kQuietLimit) return;  // a quiet pool's path: nothing logged, one comparison
-      if (appending() && quiet_for_ < kQuietLimit && events_size_ < kMaxEvents) {  // between searches: a store
+      if (match_period_ != 0) {  // comparing with a copy: a load and a comparison
+        const Logged& expected = log_[match_first_ + match_at_];
+        if (expected.bytes == bytes && expected.stream == stream && match_at_ + 1 < match_period_ &&
+            quiet_for_ < kQuietLimit && !copy_ended_) {
+          ++match_at_;
+          ++quiet_for_;
+          return;
+        }
+      } else if (appending() && quiet_for_ < kQuietLimit && events_size_ < kMaxEvents) {  // between searches: a store
         ++quiet_for_;
         events_[events_size_++] = {ptr, bytes, stream, device_calls};
+        ++appended_requests_;
         return;
       }
     }
     log_alloc(ptr, bytes, stream, device_calls);
   }
-  /// A large arena block freed. Ignored unless learning or armed.
+  /// A large arena block freed. Ignored unless learning or armed, and while
+  /// requests are compared with a copy a teardown ended.
   void record_free(const void* ptr, Stream stream) {
-    if (logged_live_count_ == 0 && events_size_ == 0) return;
+    if ((logged_live_count_ == 0 && events_size_ == 0) || match_period_ != 0) return;
     if (appending() && events_size_ < kMaxEvents) {
       events_[events_size_++] = {ptr, 0, stream, 0};
       return;
@@ -111,8 +126,12 @@ class StepPlan {
   /// large request between them, than the pool holds back: HoldBack). A step
   /// ended, so the requests after it are the next copy's, and searching them
   /// as they come plans nothing sooner: they are appended until the next
-  /// device call.
-  void torn_down() noexcept { torn_down_ = true; }
+  /// device call. And what was logged since the last teardown is a copy, to
+  /// be repeated: the next request checks it (a copy ended by a teardown).
+  void torn_down() noexcept {
+    torn_down_ = true;
+    copy_ended_ = true;
+  }
 
   // --- armed ----------------------------------------------------------------
   /// Armed and this request is the step's first: the pool opens the slab
@@ -159,6 +178,7 @@ class StepPlan {
 
  private:
   struct Logged {
+    std::uint64_t key;  // key_of(bytes, stream): what the window's hash adds and takes away
     std::size_t bytes;
     Stream stream;
     std::uint32_t freed_at;  // requests logged before its free; kLive until freed
@@ -183,7 +203,7 @@ class StepPlan {
   bool same_request(std::uint32_t a, std::uint32_t b) const noexcept {
     return log_[a].bytes == log_[b].bytes && log_[a].stream == log_[b].stream;
   }
-  std::uint64_t key_of(const Logged& entry) const noexcept;
+  static std::uint64_t key_of(std::size_t bytes, Stream stream) noexcept;
   void log_alloc(const void* ptr, std::size_t bytes, Stream stream, std::int64_t device_calls);
   void log_free(const void* ptr, Stream stream);
   /// Logs a request; false when the log was full (learning pauses, the log and the events gone).
@@ -229,11 +249,12 @@ class StepPlan {
   static constexpr std::size_t kMaxEvents = std::size_t{1} << 14;
   std::unique_ptr<Event[]> events_;  // kMaxEvents, made at the first request logged
   std::size_t events_size_ = 0;
+  std::size_t appended_requests_ = 0;  // requests among the events
   /// Requests and frees are only appended now: learning, not paused, past
   /// the requests searched as they come after a device call.
   bool appending() const noexcept {
     return (phase_ == Phase::learning || phase_ == Phase::armed) && paused_for_ == 0 && events_ != nullptr &&
-           !eager();
+           !eager() && !copy_ended_ && match_period_ == 0;
   }
   /// Requests are logged and searched as they come: shortly after a device call, unless a teardown came since.
   bool eager() const noexcept { return quiet_for_ <= kEagerRequests && !torn_down_; }
@@ -288,14 +309,44 @@ class StepPlan {
   std::int64_t last_calls_ = -1;
   std::uint64_t quiet_for_ = 0;
   bool torn_down_ = false;  // since the last device call (eager() is over)
+  // A copy ended by a teardown: the requests logged since the last one
+  // (from copy_start_), every block of them freed, on one stream, while the
+  // pool still made device calls (within kEagerRequests of the teardown).
+  // The requests after it are compared with it one by one (a load and a
+  // comparison each) rather than logged and searched: a program that runs
+  // the same thing again after freeing everything (a pass, a request served)
+  // is planned at the end of the repeat, as the search would, without its
+  // cost. The first request that differs ends the comparison, and the log
+  // starts again at it when requests were matched before it (they were not
+  // logged, so the log no longer says what came when).
+  bool copy_ended_ = false;       // a teardown since the last request
+  std::uint32_t copy_start_ = 0;  // the log index where the present copy began; kLive: not known
+  std::uint32_t stream_changed_at_ = 0;  // the last log index whose stream is not its predecessor's
+  std::uint32_t match_first_ = 0, match_period_ = 0;  // the copy compared with; 0: none
+  std::uint32_t match_at_ = 0;    // requests matched in the newer copy
+  bool match_wrapped_ = false;    // a whole copy matched (and made no call) since the comparison began
+  /// The first request after a teardown: whether the log since copy_start_
+  /// is a copy the requests are compared with from now on.
+  void end_copy();
+  /// A request while comparing: true when it matched (the newer copy goes
+  /// on, or ends and is planned); false when it differs (the comparison is
+  /// over, and the request is logged as any other).
+  bool match(std::size_t bytes, Stream stream, std::int64_t device_calls);
   struct Candidate {
     std::uint32_t period;
     std::uint32_t run;  // requests in a row equal to the one a period before
   };
   /// Periods being checked: the nearest repeat of the window (a step, or a
   /// layer inside one) and the first (a step whose first copy differed).
-  static constexpr std::size_t kCandidates = 4;
-  std::vector<Candidate> candidates_;
+  static constexpr std::uint32_t kCandidates = 4;
+  std::array<Candidate, kCandidates> candidates_{};  // the first candidate_count_, in the order found
+  std::uint32_t candidate_count_ = 0;
+  bool has_candidate(std::uint32_t period) const noexcept {
+    for (std::uint32_t i = 0; i < candidate_count_; ++i) {
+      if (candidates_[i].period == period) return true;
+    }
+    return false;
+  }
   std::uint64_t paused_for_ = 0;  // requests not logged before learning again
   std::uint64_t next_pause_ = kLogCapacity;
   // the plan

@@ -242,6 +242,101 @@ TEST(StepPlan, ATeardownEndsTheSearchAsRequestsComeUntilTheNextCall) {
   EXPECT_EQ(driver.overlaps(), 0u);
 }
 
+// A teardown ends a copy: what was logged since the last one, every block of
+// it freed. The requests after it are compared with it one by one, not logged
+// and searched, and a repeat that made a device call is planned at its last
+// request. Here the second copy's one call comes at its 10th request, so the
+// search as requests come ends long before the copy does (and no call comes
+// after it): without the comparison nothing would be planned.
+TEST(StepPlan, ARepeatAfterATeardownIsComparedWithTheCopyBeforeItAndPlannedAtItsEnd) {
+  std::mt19937_64 rng(9);
+  const std::vector<Block> step = random_step(rng, 200);  // each block freed within the step
+  StepPlan plan;
+  Driver driver(plan);
+  driver.run(step, true);
+  plan.torn_down();
+  std::string midway;
+  driver.run(step, true, kDefaultStream, 10, [&](std::uint32_t i) {
+    if (i == 100) midway = plan.describe();
+  });
+  EXPECT_NE(midway.find("comparing requests with the copy a teardown ended: 100 of 200 matched"), std::string::npos)
+      << midway;
+  EXPECT_EQ(plan.phase(), Phase::armed);
+  driver.run(step, false);
+  EXPECT_EQ(plan.phase(), Phase::following);
+  EXPECT_EQ(driver.from_slab(), step.size());
+  EXPECT_EQ(driver.overlaps(), 0u);
+}
+
+// A repeat the pool served without a device call needs no plan: the next
+// copy is compared in turn, and the first that makes a call is planned.
+TEST(StepPlan, AQuietRepeatAfterATeardownIsNotPlannedButTheNextThatCallsIs) {
+  std::mt19937_64 rng(10);
+  const std::vector<Block> step = random_step(rng, 100);
+  StepPlan plan;
+  Driver driver(plan);
+  driver.run(step, true);
+  plan.torn_down();
+  for (int i = 0; i < 2; ++i) {
+    driver.run(step, false);
+    plan.torn_down();
+  }
+  EXPECT_EQ(plan.phase(), Phase::learning);
+  EXPECT_EQ(plan.plans(), 0u);
+  driver.run(step, true, kDefaultStream, 5);
+  EXPECT_EQ(plan.phase(), Phase::armed);
+  EXPECT_EQ(plan.plans(), 1u);
+}
+
+// The first request that differs from the copy ends the comparison; the log
+// starts again at it, and the search finds the changed step as it would any.
+// A copy on two streams is not compared with, and one with a block still
+// live at the teardown is no step: its repeat is compared, not planned.
+TEST(StepPlan, ARequestThatDiffersEndsTheComparisonAndOnlyAWholeCopyIsComparedWith) {
+  std::mt19937_64 rng(11);
+  const std::vector<Block> step = random_step(rng, 100);
+  std::vector<Block> changed = step;
+  changed[50].bytes += 1 * MiB;
+  StepPlan plan;
+  Driver driver(plan);
+  driver.run(step, true);
+  plan.torn_down();
+  std::string before_change, after_change;
+  driver.run(changed, true, kDefaultStream, SIZE_MAX, [&](std::uint32_t i) {
+    if (i == 50) before_change = plan.describe();
+    if (i == 51) after_change = plan.describe();
+  });
+  EXPECT_NE(before_change.find("50 of 100 matched"), std::string::npos) << before_change;
+  EXPECT_EQ(after_change.find("comparing"), std::string::npos) << after_change;
+  EXPECT_EQ(plan.phase(), Phase::learning);
+  for (int i = 0; i < 3 && plan.phase() == Phase::learning; ++i) driver.run(changed, true);
+  EXPECT_NE(plan.phase(), Phase::learning);
+
+  for (const bool two_streams : {false, true}) {
+    StepPlan other;
+    Driver again(other);
+    again.run(step, true);
+    if (two_streams) {
+      again.run(step, true, 2);
+    } else {
+      (void)again.request(4 * MiB, kDefaultStream, true);  // lives on
+    }
+    other.torn_down();
+    std::string midway;
+    again.run(step, true, kDefaultStream, SIZE_MAX, [&](std::uint32_t i) {
+      if (i == 10) midway = other.describe();
+    });
+    if (two_streams) {
+      EXPECT_EQ(midway.find("comparing"), std::string::npos) << midway;
+    } else {
+      EXPECT_NE(midway.find("comparing"), std::string::npos) << midway;
+      (void)again.request(4 * MiB, kDefaultStream, true);  // the repeat is whole
+    }
+    EXPECT_EQ(other.phase(), Phase::learning);
+    EXPECT_EQ(other.plans(), 0u);
+  }
+}
+
 // Between eager searches requests and frees are only appended; frees of
 // blocks the log never saw (made before it started) can pile up past the
 // bound on what is kept, and are logged then, in order, with what came
@@ -567,6 +662,20 @@ TEST(ExpandablePoolStepPlan, ARepeatingStepIsServedFromItsPlanWithNoDeviceCall) 
   pool->trim();
   EXPECT_EQ(pool->stats().bytes_mapped, 0);
   EXPECT_NE(pool->dump().find("step plan: learning"), std::string::npos);
+}
+
+// The pool tells its plan of a teardown (more large frees in a row than it
+// holds back): the same requests after it are compared with those before it.
+TEST(ExpandablePoolStepPlan, ARepeatAfterATeardownIsComparedWithTheCopyBeforeIt) {
+  auto pool = expandable(host_device(512 * MiB));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 24; ++i) blocks.push_back(must_allocate(*pool, (4 + i % 3) * MiB));
+  for (void* block : blocks) ASSERT_TRUE(pool->deallocate(block));
+  for (int i = 0; i < 10; ++i) blocks[i] = must_allocate(*pool, (4 + i % 3) * MiB);
+  EXPECT_NE(pool->dump().find("comparing requests with the copy a teardown ended: 10 of 24 matched"),
+            std::string::npos)
+      << pool->dump();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(pool->deallocate(blocks[i]));
 }
 
 // A program that leaves its step for small blocks that need the slab's
