@@ -393,7 +393,7 @@ void StepPlan::end_copy() {
 
 bool StepPlan::match(std::size_t bytes, Stream stream, std::int64_t device_calls) {
   const std::uint32_t first = match_first_, period = match_period_;
-  if (log_[first + match_at_].bytes != bytes || log_[first + match_at_].stream != stream) {
+  if (!copy_expects(bytes, stream)) {
     match_period_ = 0;
     if (match_at_ > 0 || match_wrapped_) restart_log();  // the requests matched were not logged
     return false;

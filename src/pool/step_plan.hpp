@@ -96,9 +96,8 @@ class StepPlan {
     if (device_calls == last_calls_) {
       if (quiet_for_ > kQuietLimit) return;  // a quiet pool's path: nothing logged, one comparison
       if (match_period_ != 0) {  // comparing with a copy: a load and a comparison
-        const Logged& expected = log_[match_first_ + match_at_];
-        if (expected.bytes == bytes && expected.stream == stream && match_at_ + 1 < match_period_ &&
-            quiet_for_ < kQuietLimit && !copy_ended_) {
+        if (copy_expects(bytes, stream) && match_at_ + 1 < match_period_ && quiet_for_ < kQuietLimit &&
+            !copy_ended_) {
           ++match_at_;
           ++quiet_for_;
           return;
@@ -200,6 +199,11 @@ class StepPlan {
   void restart_log() noexcept;
   /// The log goes and learning pauses, twice as long each time (up to kMaxPause).
   void back_off() noexcept;
+  /// Comparing with a copy: the request is the copy's next one.
+  bool copy_expects(std::size_t bytes, Stream stream) const noexcept {
+    const Logged& expected = log_[match_first_ + match_at_];
+    return expected.bytes == bytes && expected.stream == stream;
+  }
   bool same_request(std::uint32_t a, std::uint32_t b) const noexcept {
     return log_[a].bytes == log_[b].bytes && log_[a].stream == log_[b].stream;
   }
