@@ -200,7 +200,7 @@ void expect_a_valid_tight_plan(const Trace& trace, double at_most) {
   EXPECT_LE(static_cast<double>(plan->footprint_bytes), at_most * static_cast<double>(peak)) << trace.name;
 }
 
-// The ratios the plan reaches (docs/expandable.md): within 3% of the peak on
+// The ratios the plan reaches (docs/expandable-history.md): within 3% of the peak on
 // every workload. One step of each keeps the test quick; the overlap check is
 // the real one.
 TEST(PlannedPlacement, EveryBuiltInWorkloadIsPlannedWithoutOverlapNearItsPeak) {
