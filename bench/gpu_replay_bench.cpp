@@ -6,7 +6,8 @@
 //   gpu_replay_bench [--json FILE] [--passes N] [TRACE...]   (default: tests/data/pytorch/*.pickle)
 //
 // The recorded streams are not this process's: every event runs on the
-// default stream. Prints each trace's table; exits 1 with the reason when
+// default stream. Prints each trace's table (and, with several passes, each
+// pass's device calls and ns/op); exits 1 with the reason when
 // there is no usable GPU or a replay fails.
 #include <cstdio>
 #include <cstdlib>
@@ -102,7 +103,7 @@ int main(int argc, char** argv) {
         all->modes.push_back(std::move(replayed->modes.front()));
       }
     }
-    std::printf("%s\n", report::replay_table(*all).c_str());
+    std::printf("%s\n%s\n", report::replay_table(*all).c_str(), report::passes_table(*all).c_str());
     replays.push_back(std::move(*all));
   }
   if (!json_path.empty()) {

@@ -257,6 +257,7 @@ int run_replay_command(const ReplayCommandOptions& options) {
     if (tables) {
       if (!replays.empty()) fmt::print("\n");
       fmt::print("{}", report::replay_table(*replayed));
+      if (const std::string passes = report::passes_table(*replayed); !passes.empty()) fmt::print("\n{}", passes);
       if (options.stats) fmt::print("\n{}", report::stats_table(*replayed));
       std::fflush(stdout);
     }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "report/table_rows.hpp"
 #include "tidepool/report.hpp"
@@ -158,6 +160,50 @@ std::vector<std::vector<std::string>> stats_rows(const trace::TraceReplay& repla
 }
 
 }  // namespace detail
+
+namespace {
+
+/// A pass's device calls as "c12 m14 u2", or "0".
+std::string calls_text(const trace::DeviceCalls& calls) {
+  std::string text;
+  for (const auto& [letter, count] : {std::pair{'a', calls.allocs}, {'f', calls.frees}, {'c', calls.creates},
+                                      {'r', calls.releases}, {'m', calls.maps}, {'u', calls.unmaps},
+                                      {'s', calls.syncs}, {'q', calls.queries}}) {
+    if (count == 0) continue;
+    if (!text.empty()) text += ' ';
+    text += fmt::format("{}{}", letter, count);
+  }
+  return text.empty() ? "0" : text;
+}
+
+}  // namespace
+
+std::string passes_table(const trace::TraceReplay& replay) {
+  const std::size_t passes = replay.modes.empty() ? 0 : replay.modes.front().passes.size();
+  if (passes < 2) return {};
+  std::vector<std::vector<std::string>> rows = {{"mode", "pass", "device calls", "ns/op", "peak reserved", "OOMs"}};
+  for (const trace::ModeReplay& mode : replay.modes) {
+    for (std::size_t pass = 0; pass < mode.passes.size(); ++pass) {
+      const trace::PassReplay& one = mode.passes[pass];
+      rows.push_back({pass == 0 ? mode_label(mode) : "", std::to_string(pass + 1), calls_text(one.device_calls),
+                      fmt::format("{:.1f}", one.ns_per_op()), bytes_text(one.peak_reserved_bytes),
+                      std::to_string(one.ooms)});
+    }
+  }
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
+  }
+  std::string out = replay.trace_name +
+                    ": each pass (device calls: a allocs, f frees, c creates, r releases, m maps, u unmaps, s syncs, "
+                    "q queries)\n";
+  for (const auto& row : rows) {
+    out += fmt::format("{:<{}}  {:>{}}  {:<{}}", row[0], widths[0], row[1], widths[1], row[2], widths[2]);
+    for (std::size_t column = 3; column < row.size(); ++column) out += fmt::format("  {:>{}}", row[column], widths[column]);
+    out += "\n";
+  }
+  return out;
+}
 
 std::string stats_table(const trace::TraceReplay& replay) {
   const std::vector<std::vector<std::string>> rows = detail::stats_rows(replay);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,14 @@ TEST(ReplayCommand, PassesShowTheWarmPool) {
   ASSERT_EQ(result.exit_status, 0) << result.err;
   EXPECT_TRUE(contains(result.out, "2 passes, device calls and ns/op of the last")) << result.out;
   EXPECT_TRUE(contains(result.out, "syncs")) << result.out;
+  // Under the table, each pass of each mode: expandable's first creates and
+  // maps its granules, its second makes no call.
+  const std::size_t passes_at = result.out.find("train-step: each pass (device calls:");
+  ASSERT_NE(passes_at, std::string::npos) << result.out;
+  const std::string passes = result.out.substr(passes_at);
+  EXPECT_TRUE(std::regex_search(passes, std::regex(R"(\nexpandable +1  c[0-9]+ m[0-9]+)"))) << passes;
+  EXPECT_TRUE(std::regex_search(passes, std::regex(R"(\nexpandable +1 [^\n]*\n +2  0  )"))) << passes;
+  EXPECT_TRUE(std::regex_search(passes, std::regex(R"(\ngrowth +1  a[0-9]+)"))) << passes;
   const json report = read_json(json_path);
   const json& trace = report["traces"][0];
   for (const char* mode : {"growth", "expandable"}) {
@@ -195,6 +204,7 @@ TEST(ReplayCommand, StatsSideBySideUnderJaxNames) {
   CliResult result = run_cli({"replay", "--stats", "--modes", "growth,expandable", kBcrafton});
   ASSERT_EQ(result.exit_status, 0) << result.err;
   EXPECT_TRUE(contains(result.out, "each pool's stats after the last event")) << result.out;
+  EXPECT_FALSE(contains(result.out, "each pass")) << result.out;  // one pass: no table of passes
   EXPECT_TRUE(contains(result.out, "stat                           growth   expandable")) << result.out;
   for (const char* name : {"\nbytes_in_use ", "\npeak_bytes_in_use ", "\nlargest_free_block_bytes ",
                            "\nnum_stitches ", "\nnum_releases "}) {

@@ -64,7 +64,7 @@ std::vector<Case> cases() {
 std::uint64_t maps_and_unmaps(const PassReplay& pass) { return pass.device_calls.maps + pass.device_calls.unmaps; }
 
 // What holds today (docs/expandable.md, "Once warm"): every trace settles
-// within a few passes (bcrafton within nine): from then on a pass creates, maps, unmaps and syncs
+// within a few passes (bcrafton from pass 4): from then on a pass creates, maps, unmaps and syncs
 // nothing (a warm pool creates the granules its steps drift onto rather
 // than steal them back every pass); multi-stream-inference still asks its
 // streams whether they are busy. The first pass maps and unmaps at most 3
