@@ -187,6 +187,13 @@ std::string settings_html(const trace::TraceReplay& replay) {
          rows_html(rows) + "</details>\n";
 }
 
+std::string passes_html(const trace::TraceReplay& replay) {
+  const auto rows = detail::passes_rows(replay);
+  if (rows.empty()) return {};
+  return "<details open><summary>Each pass (tidepool replay --passes; " + escape_html(detail::kCallLetters) +
+         ")</summary>\n" + rows_html(rows) + "</details>\n";
+}
+
 std::string stats_html(const trace::TraceReplay& replay) {
   const auto rows = detail::stats_rows(replay);
   if (rows.empty()) return {};
@@ -432,7 +439,7 @@ Expected<std::string> replay_html(std::span<const trace::TraceReplay> replays, c
           "<button id=\"reset-zoom\" type=\"button\">reset zoom</button></div>\n";
   for (std::size_t index = 0; index < replays.size(); ++index) {
     const trace::TraceReplay& replay = replays[index];
-    page += "<section>\n" + table_html(replay);
+    page += "<section>\n" + table_html(replay) + passes_html(replay);
     page += "<div class=\"chart\"><canvas id=\"chart-" + std::to_string(2 * index) + "\"></canvas></div>\n";
     page += "<div class=\"chart ratio\"><canvas id=\"chart-" + std::to_string(2 * index + 1) + "\"></canvas></div>\n";
     page += peak_html(replay);

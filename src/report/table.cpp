@@ -178,7 +178,9 @@ std::string calls_text(const trace::DeviceCalls& calls) {
 
 }  // namespace
 
-std::string passes_table(const trace::TraceReplay& replay) {
+namespace detail {
+
+std::vector<std::vector<std::string>> passes_rows(const trace::TraceReplay& replay) {
   const std::size_t passes = replay.modes.empty() ? 0 : replay.modes.front().passes.size();
   if (passes < 2) return {};
   std::vector<std::vector<std::string>> rows = {{"mode", "pass", "device calls", "ns/op", "peak reserved", "OOMs"}};
@@ -190,13 +192,19 @@ std::string passes_table(const trace::TraceReplay& replay) {
                       std::to_string(one.ooms)});
     }
   }
+  return rows;
+}
+
+}  // namespace detail
+
+std::string passes_table(const trace::TraceReplay& replay) {
+  const std::vector<std::vector<std::string>> rows = detail::passes_rows(replay);
+  if (rows.empty()) return {};
   std::vector<std::size_t> widths(rows.front().size(), 0);
   for (const auto& row : rows) {
     for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
   }
-  std::string out = replay.trace_name +
-                    ": each pass (device calls: a allocs, f frees, c creates, r releases, m maps, u unmaps, s syncs, "
-                    "q queries)\n";
+  std::string out = replay.trace_name + ": each pass (" + std::string(detail::kCallLetters) + ")\n";
   for (const auto& row : rows) {
     out += fmt::format("{:<{}}  {:>{}}  {:<{}}", row[0], widths[0], row[1], widths[1], row[2], widths[2]);
     for (std::size_t column = 3; column < row.size(); ++column) out += fmt::format("  {:>{}}", row[column], widths[column]);

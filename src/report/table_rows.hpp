@@ -26,4 +26,11 @@ std::int64_t series_origin(const trace::TraceReplay& replay);
 /// modes, then one row per Stats::items() counter. Empty without modes.
 std::vector<std::vector<std::string>> stats_rows(const trace::TraceReplay& replay);
 
+/// With several passes, one row per pass of each mode (rows[0]: "mode",
+/// "pass", "device calls", "ns/op", "peak reserved", "OOMs"); empty for one.
+std::vector<std::vector<std::string>> passes_rows(const trace::TraceReplay& replay);
+/// What the letters of a pass's device calls stand for.
+inline constexpr const char* kCallLetters =
+    "device calls: a allocs, f frees, c creates, r releases, m maps, u unmaps, s syncs, q queries";
+
 }  // namespace tidepool::report::detail

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,7 +20,7 @@ namespace {
 using nlohmann::json;
 
 /// A small real replay: three modes over a trace with an OOM and segments.
-trace::TraceReplay sample_replay() {
+trace::TraceReplay sample_replay(std::uint32_t passes = 1) {
   trace::Trace trace;
   trace.name = "sample <trace>";
   trace.format = "test";
@@ -43,6 +44,7 @@ trace::TraceReplay sample_replay() {
   trace::ReplayOptions options;
   options.capacity_bytes = 256 * MiB;
   options.find_min_capacity = true;
+  options.passes = passes;
   const std::vector<Mode> modes = {Mode::preallocate, Mode::growth, Mode::platform};
   auto replay = trace::replay(trace, modes, options);
   EXPECT_TRUE(replay) << replay.error().message();
@@ -183,6 +185,25 @@ TEST(PerfettoJson, CounterTracksLiveAndReservedPerMode) {
   }
 }
 
+TEST(PassesTable, OneRowPerPassOfEachModeInTextAndHtml) {
+  EXPECT_EQ(passes_table(sample_replay()), "");  // one pass: nothing to add
+  const trace::TraceReplay replay = sample_replay(3);
+  const std::string table = passes_table(replay);
+  EXPECT_NE(table.find("sample <trace>: each pass (device calls: a allocs"), std::string::npos) << table;
+  const auto has = [&](const char* pattern) { return std::regex_search(table, std::regex(pattern)); };
+  // platform asks the device for every block, every pass; growth takes its
+  // region in the first pass and keeps it; preallocate took it before.
+  EXPECT_TRUE(has(R"(\nplatform +1  a3 f3 +[0-9.]+ +241 MiB +0\n +2  a3 f3 .*\n +3  a3 f3 )")) << table;
+  EXPECT_TRUE(has(R"(\ngrowth +1  a[0-9]+ .*\n +2  0 .*\n +3  0 )")) << table;
+  EXPECT_TRUE(has(R"(\npreallocate +1  0 +[0-9.]+ +192 MiB +1\n)")) << table;  // its OOM, every pass
+  auto page = replay_html({&replay, 1});
+  if (!page && page.error().code() == Errc::unsupported) GTEST_SKIP() << page.error().message();
+  ASSERT_TRUE(page) << page.error().message();
+  EXPECT_NE(page->find("<summary>Each pass (tidepool replay --passes; device calls: a allocs"), std::string::npos);
+  EXPECT_NE(page->find("<tr><td>platform</td><td>1</td><td>a3 f3</td>"), std::string::npos);
+  EXPECT_NE(page->find("<tr><td></td><td>3</td><td>a3 f3</td>"), std::string::npos);
+}
+
 TEST(ReplayHtml, IsSelfContained) {
   const trace::TraceReplay replay = sample_replay();
   auto page = replay_html({&replay, 1});
@@ -201,6 +222,7 @@ TEST(ReplayHtml, IsSelfContained) {
   EXPECT_NE(page->find("id=\"reset-zoom\""), std::string::npos);
   EXPECT_NE(page->find("Each pool's stats after the last event"), std::string::npos);
   EXPECT_NE(page->find("<td>num_allocs</td>"), std::string::npos) << "the --stats table";
+  EXPECT_EQ(page->find("Each pass"), std::string::npos) << "one pass: no table of passes";
   // The plan's footprint: in the heading and a level on the chart.
   ASSERT_TRUE(replay.planned_footprint_bytes);
   EXPECT_NE(page->find("(planned: "), std::string::npos);
