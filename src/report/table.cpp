@@ -22,6 +22,39 @@ std::string ratio_text(double ratio) { return ratio > 0 ? fmt::format("{:.2f}x",
 /// The first line of a possibly multi-line message.
 std::string_view first_line(std::string_view text) { return text.substr(0, text.find('\n')); }
 
+/// The rows as lines of cells two spaces apart, each column as wide as its
+/// widest cell: the columns whose bit is set in `left` left-aligned (names),
+/// the others right-aligned (figures).
+std::string aligned(const std::vector<std::vector<std::string>>& rows, std::uint32_t left = 1) {
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    for (std::size_t column = 0; column < row.size(); ++column) {
+      if (column > 0) out += "  ";
+      out += (left >> column & 1) != 0 ? fmt::format("{:<{}}", row[column], widths[column])
+                                       : fmt::format("{:>{}}", row[column], widths[column]);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+/// A pass's device calls as "c12 m14 u2", or "0".
+std::string calls_text(const trace::DeviceCalls& calls) {
+  std::string text;
+  for (const auto& [letter, count] : {std::pair{'a', calls.allocs}, {'f', calls.frees}, {'c', calls.creates},
+                                      {'r', calls.releases}, {'m', calls.maps}, {'u', calls.unmaps},
+                                      {'s', calls.syncs}, {'q', calls.queries}}) {
+    if (count == 0) continue;
+    if (!text.empty()) text += ' ';
+    text += fmt::format("{}{}", letter, count);
+  }
+  return text.empty() ? "0" : text;
+}
+
 }  // namespace
 
 std::string mode_label(const trace::ModeReplay& mode) { return std::string(mode_name(mode.mode)); }
@@ -112,25 +145,7 @@ TableText table_text(const trace::TraceReplay& replay) {
 
 std::string replay_table(const trace::TraceReplay& replay) {
   const detail::TableText table = detail::table_text(replay);
-  std::vector<std::size_t> widths(table.rows.front().size(), 0);
-  for (const auto& row : table.rows) {
-    for (std::size_t column = 0; column < row.size(); ++column) {
-      widths[column] = std::max(widths[column], row[column].size());
-    }
-  }
-  std::string out = table.heading + "\n";
-  for (const auto& row : table.rows) {
-    std::string line;
-    for (std::size_t column = 0; column < row.size(); ++column) {
-      // The mode's name reads left-aligned; figures right-aligned.
-      if (column == 0) {
-        line += fmt::format("{:<{}}", row[column], widths[column]);
-      } else {
-        line += fmt::format("  {:>{}}", row[column], widths[column]);
-      }
-    }
-    out += line + "\n";
-  }
+  std::string out = table.heading + "\n" + aligned(table.rows);  // the mode's name left, figures right
   for (const std::string& note : table.notes) out += "  " + note + "\n";
   return out;
 }
@@ -159,27 +174,6 @@ std::vector<std::vector<std::string>> stats_rows(const trace::TraceReplay& repla
   return rows;
 }
 
-}  // namespace detail
-
-namespace {
-
-/// A pass's device calls as "c12 m14 u2", or "0".
-std::string calls_text(const trace::DeviceCalls& calls) {
-  std::string text;
-  for (const auto& [letter, count] : {std::pair{'a', calls.allocs}, {'f', calls.frees}, {'c', calls.creates},
-                                      {'r', calls.releases}, {'m', calls.maps}, {'u', calls.unmaps},
-                                      {'s', calls.syncs}, {'q', calls.queries}}) {
-    if (count == 0) continue;
-    if (!text.empty()) text += ' ';
-    text += fmt::format("{}{}", letter, count);
-  }
-  return text.empty() ? "0" : text;
-}
-
-}  // namespace
-
-namespace detail {
-
 std::vector<std::vector<std::string>> passes_rows(const trace::TraceReplay& replay) {
   const std::size_t passes = replay.modes.empty() ? 0 : replay.modes.front().passes.size();
   if (passes < 2) return {};
@@ -200,33 +194,13 @@ std::vector<std::vector<std::string>> passes_rows(const trace::TraceReplay& repl
 std::string passes_table(const trace::TraceReplay& replay) {
   const std::vector<std::vector<std::string>> rows = detail::passes_rows(replay);
   if (rows.empty()) return {};
-  std::vector<std::size_t> widths(rows.front().size(), 0);
-  for (const auto& row : rows) {
-    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
-  }
-  std::string out = replay.trace_name + ": each pass (" + std::string(detail::kCallLetters) + ")\n";
-  for (const auto& row : rows) {
-    out += fmt::format("{:<{}}  {:>{}}  {:<{}}", row[0], widths[0], row[1], widths[1], row[2], widths[2]);
-    for (std::size_t column = 3; column < row.size(); ++column) out += fmt::format("  {:>{}}", row[column], widths[column]);
-    out += "\n";
-  }
-  return out;
+  return replay.trace_name + ": each pass (" + detail::kCallLetters + ")\n" + aligned(rows, 0b101);  // mode, calls
 }
 
 std::string stats_table(const trace::TraceReplay& replay) {
   const std::vector<std::vector<std::string>> rows = detail::stats_rows(replay);
   if (rows.empty()) return {};
-  std::vector<std::size_t> widths(rows.front().size(), 0);
-  for (const auto& row : rows) {
-    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
-  }
-  std::string out = replay.trace_name + ": each pool's stats after the last event (memory_stats() names)\n";
-  for (const auto& row : rows) {
-    out += fmt::format("{:<{}}", row[0], widths[0]);
-    for (std::size_t column = 1; column < row.size(); ++column) out += fmt::format("  {:>{}}", row[column], widths[column]);
-    out += "\n";
-  }
-  return out;
+  return replay.trace_name + ": each pool's stats after the last event (memory_stats() names)\n" + aligned(rows);
 }
 
 }  // namespace tidepool::report
