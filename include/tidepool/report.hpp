@@ -25,10 +25,11 @@ std::string mode_label(const trace::ModeReplay& mode);
 /// recorded row where there is one. Sizes in binary units, ratios as "1.23x",
 /// host time in ns/op. Ends with a newline.
 std::string replay_table(const trace::TraceReplay& replay);
-/// With several passes (ReplayOptions::passes), each mode's passes one row
-/// each: the device calls made in the pass ("c12 m14 u2": allocs, frees,
-/// creates, releases, maps, unmaps, syncs, queries; "0" for none), its ns/op,
-/// peak reserved and OOMs. Empty for a single pass. Ends with a newline.
+/// With several passes (ReplayOptions::passes), one row per pass of each
+/// mode: the device calls made during it ("c12 m14 u2", a letter each for
+/// allocs, frees, creates, releases, maps, unmaps, syncs and queries; "0" for
+/// none), its ns/op, peak reserved and OOMs. Empty for a single pass. Ends
+/// with a newline.
 std::string passes_table(const trace::TraceReplay& replay);
 /// Each mode's pool stats after the last event, side by side: one row per
 /// Stats::items() counter (JAX's memory_stats() names first), one column per mode.
