@@ -85,7 +85,12 @@ class StepPlan::Placer {
       return *placer;
     }
     try {
-      std::thread([fresh] { fresh->run(); }).detach();
+      std::thread thread([fresh] { fresh->run(); });
+      // Named here, not by the thread itself: the name is there as soon as
+      // the placer is (top, gdb, /proc/PID/task/*/comm), however late the
+      // thread first runs.
+      pthread_setname_np(thread.native_handle(), "tidepool-plan");
+      thread.detach();
       fresh->started_.store(true, std::memory_order_release);
     } catch (const std::system_error&) {
       // No thread to be had: each plan places its step itself.
@@ -106,7 +111,6 @@ class StepPlan::Placer {
  private:
   Placer(pid_t pid, Placer* parents) : pid_(pid), parents_(parents) {}
   [[noreturn]] void run() {
-    pthread_setname_np(pthread_self(), "tidepool-plan");  // as top and gdb show it
     for (;;) {
       std::shared_ptr<Placing> placing;
       {
