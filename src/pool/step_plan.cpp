@@ -462,20 +462,16 @@ bool StepPlan::confirm(std::uint32_t period, std::uint32_t end) {
   return true;
 }
 
-void StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
+std::uint32_t StepPlan::cut_of(std::uint32_t first, std::uint32_t period) const {
   // Bytes live across each position (allocated before it, freed after it),
   // around the step as a circle: the step is cut where that is least, so
   // that few blocks span the cut (they keep their slot the whole step).
-  // A step no block of which outlives its end (a copy a teardown ended) is
-  // cut at its start: nothing is live across it.
-  bool wraps = false;
-  for (std::uint32_t p = 0; p < period && !wraps; ++p) wraps = log_[first + p].freed_at > first + period;
-  std::vector<std::int64_t> crossing(wraps ? period + 1 : 0, 0);
+  std::vector<std::int64_t> crossing(period + 1, 0);
   auto cover = [&](std::uint32_t from, std::uint32_t to, std::int64_t bytes) {  // [from, to), to <= period
     crossing[from] += bytes;
     crossing[to] -= bytes;
   };
-  for (std::uint32_t p = 0; wraps && p < period; ++p) {
+  for (std::uint32_t p = 0; p < period; ++p) {
     const Logged& entry = log_[first + p];
     const std::uint32_t lifetime = entry.freed_at - (first + p);
     if (lifetime > period || lifetime < 2) continue;
@@ -492,13 +488,22 @@ void StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
   }
   std::uint32_t cut = 0;
   std::int64_t live = 0, least = std::numeric_limits<std::int64_t>::max();
-  for (std::uint32_t p = 0; wraps && p < period; ++p) {
+  for (std::uint32_t p = 0; p < period; ++p) {
     live += crossing[p];
     if (live < least) {
       least = live;
       cut = p;
     }
   }
+  return cut;
+}
+
+void StepPlan::plan_step(std::uint32_t first, std::uint32_t period) {
+  // A step no block of which outlives its end (a copy a teardown ended) is
+  // cut at its start: nothing is live across it.
+  bool wraps = false;
+  for (std::uint32_t p = 0; p < period && !wraps; ++p) wraps = log_[first + p].freed_at > first + period;
+  const std::uint32_t cut = wraps ? cut_of(first, period) : 0;
 
   slots_.assign(period, Slot{});
   unplanned_ = 0;

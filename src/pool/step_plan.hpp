@@ -223,6 +223,9 @@ class StepPlan {
   /// (armed; the placement is being made).
   bool confirm(std::uint32_t period, std::uint32_t end);
   void plan_step(std::uint32_t first, std::uint32_t period);
+  /// Where the step [first, first + period) is cut: the position with the
+  /// fewest bytes live across it, the step taken as a circle.
+  std::uint32_t cut_of(std::uint32_t first, std::uint32_t period) const;
   /// The placement of the step's blocks, made on a thread of its own (or
   /// here, where no thread can be started).
   struct Placing;
