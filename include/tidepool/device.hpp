@@ -66,7 +66,9 @@ class Device {
   virtual Expected<PhysicalHandle> create(std::size_t bytes) = 0;
   /// va lies in a reservation, is granularity-aligned, and [va, va + bytes)
   /// is unmapped; bytes is the size the handle was created with. After it the
-  /// range is readable and writable (cuMemMap + cuMemSetAccess).
+  /// range is readable and writable (cuMemMap + cuMemSetAccess). A handle
+  /// may be mapped at several ranges at once: each is a view of the same
+  /// memory (cuMemMap maps a handle wherever it is asked to).
   virtual Status map(void* va, std::size_t bytes, PhysicalHandle handle) = 0;
   /// map() of each of `handles` (each created with bytes_each) side by side:
   /// handles[i] at va + i * bytes_each. One call where a device can do better
@@ -83,9 +85,11 @@ class Device {
     return {};
   }
   /// [va, va + bytes) is exactly one earlier map() call's range. The physical
-  /// memory keeps its contents and may be mapped again elsewhere.
+  /// memory keeps its contents, and its other ranges if it has any, and may
+  /// be mapped again elsewhere.
   virtual Status unmap(void* va, std::size_t bytes) = 0;
-  /// handle came from create(bytes) and is mapped nowhere. Returns its memory to the device.
+  /// handle came from create(bytes) and is mapped nowhere (each of its ranges
+  /// unmapped). Returns its memory to the device.
   virtual Status release(PhysicalHandle handle, std::size_t bytes) = 0;
 
   /// create(bytes_each) `count` times, as one request: a device that

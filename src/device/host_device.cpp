@@ -60,11 +60,13 @@ constexpr std::size_t kDefaultMaxMapCount = 65530;  // Linux's DEFAULT_MAX_MAP_C
 }  // namespace
 
 struct HostDevice::State {
-  /// A physical handle: memfd ranges, mapped at most once.
+  /// A physical handle: memfd ranges, mapped at any number of addresses
+  /// (each a view of the same memory, as CUDA maps one handle at several).
   struct Physical {
     std::vector<Extent> extents;
     std::size_t bytes = 0;
-    std::uintptr_t mapped_at = 0;  // 0: not mapped
+    std::size_t mappings = 0;      // map() calls holding it
+    std::uintptr_t mapped_at = 0;  // the last of them, for messages; 0: not mapped
   };
   /// One extent mapped at an address: what the kernel sees as a file mapping
   /// (merged with an address- and offset-contiguous neighbour).
@@ -381,7 +383,7 @@ Expected<PhysicalHandle> HostDevice::create(std::size_t bytes) {
   // free_bytes() and the allocation cannot fail here.
   std::vector<Extent> extents = s.offsets.allocate(bytes);
   const PhysicalHandle handle = s.next_handle++;
-  s.physicals.emplace(handle, State::Physical{std::move(extents), bytes, 0});
+  s.physicals.emplace(handle, State::Physical{std::move(extents), bytes, 0, 0});
   s.physical_bytes += bytes;
   return handle;
 }
@@ -401,12 +403,7 @@ Status HostDevice::map_many(void* va, std::size_t bytes, std::span<const Physica
   for (const PhysicalHandle handle : handles) {
     Expected<State::Physical*> physical = s.created(handle, bytes, "map", Errc::invalid_argument);
     if (!physical) return std::move(physical).error();
-    State::Physical& target = **physical;
-    if (target.mapped_at != 0) {
-      return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
-                                               ", which is already mapped at " + format_address(target.mapped_at));
-    }
-    targets.push_back(&target);
+    targets.push_back(*physical);
   }
   if (handles.size() > 1) {  // the same handle twice in one call (sorted: a run of 512 stays cheap)
     std::vector<PhysicalHandle> sorted(handles.begin(), handles.end());
@@ -475,6 +472,7 @@ Status HostDevice::map_many(void* va, std::size_t bytes, std::span<const Physica
   }
   for (std::size_t i = 0; i < handles.size(); ++i) {
     s.maps.emplace(address + i * bytes, State::MapCall{bytes, handles[i]});
+    ++targets[i]->mappings;
     targets[i]->mapped_at = address + i * bytes;
   }
   s.mappings = static_cast<std::size_t>(static_cast<long>(s.mappings) + delta);
@@ -511,8 +509,17 @@ Status HostDevice::unmap(void* va, std::size_t bytes) {
     s.pieces.insert(own.begin(), own.end());
     return error;
   }
+  const PhysicalHandle handle = found->second.handle;
   s.maps.erase(found);
-  target.mapped_at = 0;
+  if (--target.mappings == 0) {
+    target.mapped_at = 0;
+  } else if (target.mapped_at == address) {  // another of its addresses, for messages
+    for (const auto& [at, call] : s.maps) {
+      if (call.handle != handle) continue;
+      target.mapped_at = at;
+      break;
+    }
+  }
   s.mappings = static_cast<std::size_t>(static_cast<long>(s.mappings) + delta);
   return {};
 }
@@ -523,9 +530,12 @@ Status HostDevice::release(PhysicalHandle handle, std::size_t bytes) {
   Expected<State::Physical*> physical = s.created(handle, bytes, "release", Errc::double_free);
   if (!physical) return std::move(physical).error();
   State::Physical& target = **physical;
-  if (target.mapped_at != 0) {
+  if (target.mappings != 0) {
     return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
-                                             ", which is still mapped at " + format_address(target.mapped_at));
+                                             ", which is still mapped at " + format_address(target.mapped_at) +
+                                             (target.mappings > 1 ? " and " + std::to_string(target.mappings - 1) +
+                                                                        " other addresses"
+                                                                  : std::string()));
   }
   for (const Extent& extent : target.extents) {
     if (fallocate(s.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,

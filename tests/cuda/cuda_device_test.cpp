@@ -271,6 +271,16 @@ TEST_F(CudaDeviceTest, PhysicalMemoryKeepsItsDataWhenRemappedElsewhere) {
   ASSERT_EQ(cudaMemcpy(host.data(), base + 3 * g, g, cudaMemcpyDeviceToHost), cudaSuccess);
   for (std::size_t w = 0; w < host.size(); ++w) ASSERT_EQ(host[w], pattern_word(11, w * 8)) << w;
 
+  // A handle mapped at a second range too (an alias, TIDEPOOL_ALIASES): one
+  // memory, written through one range and read through the other.
+  ASSERT_TRUE(device_->map(base, g, *second));
+  EXPECT_TRUE(filled_with(base, g, 0x3C));
+  ASSERT_TRUE(fill(base, g, 0x5A));
+  EXPECT_TRUE(filled_with(base + 2 * g, g, 0x5A));
+  EXPECT_EQ(error_code(device_->release(*second, g)), "invalid_argument");  // mapped at two ranges
+  ASSERT_TRUE(device_->unmap(base, g));
+  EXPECT_TRUE(filled_with(base + 2 * g, g, 0x5A));  // the other range keeps it
+
   ASSERT_TRUE(device_->unmap(base + 2 * g, g));
   ASSERT_TRUE(device_->unmap(base + 3 * g, g));
   EXPECT_TRUE(device_->release(*first, g));
@@ -293,8 +303,10 @@ TEST_F(CudaDeviceTest, VirtualMemoryPreconditionsAreErrors) {
   EXPECT_EQ(error_code(device_->map(base + 2 * g, g, *handle)), "invalid_argument");  // outside
   EXPECT_EQ(error_code(device_->map(base, 2 * g, *handle)), "invalid_argument");  // wrong size
   ASSERT_TRUE(device_->map(base, g, *handle));
-  EXPECT_EQ(error_code(device_->map(base + g, g, *handle)), "invalid_argument");  // mapped already
-  EXPECT_EQ(error_code(device_->release(*handle, g)), "invalid_argument");  // still mapped
+  ASSERT_TRUE(device_->map(base + g, g, *handle));  // an alias: the same memory at a second range
+  EXPECT_EQ(error_code(device_->map(base + g, g, *handle)), "invalid_argument");  // that range is mapped
+  ASSERT_TRUE(device_->unmap(base + g, g));
+  EXPECT_EQ(error_code(device_->release(*handle, g)), "invalid_argument");  // still mapped at base
   EXPECT_EQ(error_code(device_->unreserve(*va, 2 * g)), "invalid_argument");  // something mapped
   EXPECT_EQ(error_code(device_->unmap(base, 2 * g)), "invalid_argument");  // not one map()'s range
   ASSERT_TRUE(device_->unmap(base, g));

@@ -95,12 +95,26 @@ CudaAvailability cuda_availability() {
 struct CudaDevice::State {
   struct Handle {
     std::size_t bytes = 0;
-    std::uintptr_t mapped_at = 0;  // 0: not mapped
+    std::size_t ranges = 0;        // ranges it is mapped at: cuMemMap maps a handle at several
+    std::uintptr_t mapped_at = 0;  // one of them, for messages; 0: not mapped
   };
   struct Mapping {
     std::size_t bytes = 0;
     PhysicalHandle handle = 0;
   };
+  /// `handle`'s mapping at `address` is gone (mutex held).
+  void unmapped(PhysicalHandle handle, std::uintptr_t address) {
+    Handle& record = handles[handle];
+    if (--record.ranges == 0) {
+      record.mapped_at = 0;
+    } else if (record.mapped_at == address) {  // another of its ranges, for messages
+      for (const auto& [at, mapping] : mappings) {
+        if (mapping.handle != handle) continue;
+        record.mapped_at = at;
+        break;
+      }
+    }
+  }
 
   const cuda::DriverApi* driver = nullptr;
   int ordinal = 0;
@@ -411,10 +425,6 @@ Status CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
                        std::to_string(bytes) + " bytes; it was created with " +
                        std::to_string(found->second.bytes));
     }
-    if (found->second.mapped_at != 0) {
-      return Error(Errc::invalid_argument, s.who() + ": map of handle " + std::to_string(handle) +
-                                               ": mapped already at " + format_address(found->second.mapped_at));
-    }
     if (!is_aligned(address, s.granularity) || s.reservation_of(address, bytes) == s.reservations.end()) {
       return Error(Errc::invalid_argument,
                    s.who() + ": map at " + format_address(va) + " of " + format_bytes(bytes) +
@@ -425,14 +435,15 @@ Status CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
                                                format_bytes(bytes) + ": part of it is mapped already");
     }
     // Claimed before the driver calls, so a concurrent map() of the same range
-    // or handle is refused; undone below if the driver says no.
+    // is refused, and a release of the handle; undone below if the driver says no.
+    ++found->second.ranges;
     found->second.mapped_at = address;
     s.mappings.emplace(address, State::Mapping{bytes, handle});
   }
   auto undo = [&] {
     std::lock_guard lock(s.mutex);
     s.mappings.erase(address);
-    s.handles[handle].mapped_at = 0;
+    s.unmapped(handle, address);
   };
   ScopedDevice current(s.ordinal);
   if (!current.status()) {
@@ -476,7 +487,7 @@ Status CudaDevice::unmap(void* va, std::size_t bytes) {
   }
   std::lock_guard lock(s.mutex);
   s.mappings.erase(address);
-  s.handles[handle].mapped_at = 0;
+  s.unmapped(handle, address);
   return {};
 }
 
@@ -495,9 +506,13 @@ Status CudaDevice::release(PhysicalHandle handle, std::size_t bytes) {
                        std::to_string(bytes) + " bytes; it was created with " +
                        std::to_string(found->second.bytes));
     }
-    if (found->second.mapped_at != 0) {
+    if (found->second.ranges != 0) {
       return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
-                                               ": still mapped at " + format_address(found->second.mapped_at));
+                                               ": still mapped at " + format_address(found->second.mapped_at) +
+                                               (found->second.ranges > 1
+                                                    ? " and " + std::to_string(found->second.ranges - 1) +
+                                                          " other ranges"
+                                                    : std::string()));
     }
     s.handles.erase(found);
   }
