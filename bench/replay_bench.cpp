@@ -17,8 +17,10 @@
 // growth side by side (each iteration replays both, in turn, through fresh
 // pools): the first warm pass, where issue 12 states its goals (`--passes
 // 2`, expandable at most 1.3x growth), and where a pool still learning or
-// drifting pays for it. The time is expandable's; the counters are each
-// mode's ns per event and their ratio. A pass is a millisecond or less on
+// drifting pays for it. <trace>/pass2-aliases: the same with
+// TIDEPOOL_ALIASES (the expandable pool's aliases; growth has none). The
+// time is expandable's; the counters are each mode's ns per event and their
+// ratio. A pass is a millisecond or less on
 // most traces here, so take the median of many:
 //   replay_bench --benchmark_filter=/pass2 --benchmark_repetitions=9
 //     --benchmark_report_aggregates_only=true
@@ -81,12 +83,13 @@ void replay_events(benchmark::State& state, const Trace& trace, Mode mode, bool 
   state.SetItemsProcessed(static_cast<std::int64_t>(events));
 }
 
-void second_pass(benchmark::State& state, const Trace& trace) {
+void second_pass(benchmark::State& state, const Trace& trace, bool aliases) {
   ReplayOptions options;
   options.max_series_points = 0;
   options.plan = false;
   options.passes = 2;
   options.config.mem_fraction.value = 1.0;
+  options.config.aliases.value = aliases;
   double ns[2] = {0, 0}, events[2] = {0, 0};
   for (auto _ : state) {
     for (const int at : {0, 1}) {  // growth, then expandable
@@ -120,11 +123,13 @@ std::vector<Trace> one_step_traces() {
 }
 
 void register_second_pass(const Trace& trace, benchmark::TimeUnit unit, int iterations) {
-  benchmark::RegisterBenchmark((trace.name + "/pass2").c_str(),
-                               [&trace](benchmark::State& state) { second_pass(state, trace); })
-      ->UseManualTime()
-      ->Unit(unit)
-      ->Iterations(iterations);
+  for (const bool aliases : {false, true}) {
+    benchmark::RegisterBenchmark((trace.name + (aliases ? "/pass2-aliases" : "/pass2")).c_str(),
+                                 [&trace, aliases](benchmark::State& state) { second_pass(state, trace, aliases); })
+        ->UseManualTime()
+        ->Unit(unit)
+        ->Iterations(iterations);
+  }
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ std::vector<Row> configuration_rows(const Config& config, const Device& device) 
                      config.idle_release.value.count() > 0
                          ? std::to_string(config.idle_release.value.count()) + " ms"
                          : "never"));
+  rows.push_back(row("aliases", config.aliases, config.aliases.value ? "true" : "false"));
   rows.push_back(row("wake_wait", config.wake_wait, std::to_string(config.wake_wait.value.count()) + " ms"));
   rows.push_back(row("quota", config.quota,
                      config.quota.value ? config.quota.value->to_string() : "none"));

@@ -537,7 +537,7 @@ PYBIND11_MODULE(_tidepool, m) {
 A tidepool allocator: a pool over a device, built as the config layer builds it.
 
 Allocator(mode=..., device=..., capacity=..., mem_fraction=..., preallocate=...,
-          release_threshold=..., idle_release=..., quota=..., ledger=...)
+          release_threshold=..., idle_release=..., aliases=..., quota=..., ledger=...)
 Each keyword is the TIDEPOOL_* variable of the same meaning (mode is
 TIDEPOOL_ALLOCATOR, capacity TIDEPOOL_HOST_CAPACITY); values are strs
 ("16GiB"), ints (bytes), floats or bools. Omitted keywords take their

@@ -157,6 +157,9 @@ struct Config {
   /// How long an expandable pool waits with no allocate or free before it
   /// releases every free granule (TIDEPOOL_IDLE_RELEASE); 0 means never.
   Setting<std::chrono::milliseconds> idle_release{std::chrono::milliseconds(0)};
+  /// Whether an expandable pool keeps a stolen granule mapped where it was
+  /// too (TIDEPOOL_ALIASES; ExpandableOptions::aliases).
+  Setting<bool> aliases{false};
   /// The longest a wake of a sleeping tag waits, over the ledger, for other
   /// processes to free or trim (TIDEPOOL_WAKE_WAIT; LedgerOptions::wake_wait).
   Setting<std::chrono::milliseconds> wake_wait{std::chrono::milliseconds(10000)};

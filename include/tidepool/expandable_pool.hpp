@@ -38,6 +38,15 @@ struct ExpandableOptions {
   /// process hands its cache back. A thread of the pool's own waits for
   /// that; it sleeps while nothing is cached. Zero: never.
   std::chrono::milliseconds idle_release{0};
+  /// A granule stolen stays mapped where it was too (an alias), and serves
+  /// there again with no device call while its memory is free where the
+  /// pool moved it (TIDEPOOL_ALIASES). A program whose steps take turns with
+  /// a granule between two places then moves it once, not every step: the
+  /// second pass of cs336-bcrafton makes no device call (c11 m13 u2 without),
+  /// at a smaller footprint. Off by default: on the built-in random
+  /// workloads it moves device calls between draws rather than removing
+  /// them (docs/expandable.md). Each alias is one more mapping.
+  bool aliases = false;
 };
 
 class ExpandablePool final : public Allocator, public Sleepable {

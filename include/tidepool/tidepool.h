@@ -104,7 +104,7 @@ TIDEPOOL_API const char* tidepool_last_error(void);
  * "mode=growth,device=host,capacity=16GiB". Keys (each the TIDEPOOL_*
  * variable of the same meaning, docs/configuration.md): mode, device,
  * capacity, mem_fraction, preallocate, release_threshold, idle_release,
- * wake_wait, quota, ledger, ledger_mode.
+ * aliases, wake_wait, quota, ledger, ledger_mode.
  * Keys not given take their defaults; the environment is not read. NULL or ""
  * is all defaults. out != NULL; *out is set only on success. */
 TIDEPOOL_API int tidepool_create(const char* config, tidepool_allocator** out);

@@ -382,6 +382,7 @@ Status read_device(const Reader& reader, Config& config) {  // the default set b
   if (Status read = read_into(reader, kHostCapacity, parse_capacity, config.host_capacity); !read) return read;
   if (Status read = read_into(reader, kReleaseThreshold, parse_size, config.release_threshold); !read) return read;
   if (Status read = read_into(reader, kIdleRelease, parse_duration, config.idle_release); !read) return read;
+  if (Status read = read_into(reader, kAliases, parse_strict_bool, config.aliases); !read) return read;
   if (Status read = read_into(reader, kWakeWait, parse_duration, config.wake_wait); !read) return read;
   return {};
 }
@@ -569,6 +570,9 @@ void note_ignored_settings(Config& config) {
   if (config.idle_release.value.count() > 0 && mode != Mode::expandable)
     config.notes.push_back(config.idle_release.name + " has no effect in mode " + std::string(mode_name(mode)) +
                            " (only expandable releases when idle)");
+  if (config.aliases.value && mode != Mode::expandable)
+    config.notes.push_back(config.aliases.name + " has no effect in mode " + std::string(mode_name(mode)) +
+                           " (only expandable maps granules)");
   if (config.device.value != DeviceKind::host && !config.host_capacity.is_default())
     config.notes.push_back(config.host_capacity.name + " has no effect with the cuda device");
 }

@@ -10,9 +10,10 @@ namespace config_names {
 namespace {
 
 // The keyed settings first, in the order the bindings list their keys.
-constexpr std::array<SettingName, 16> kAll = {
+constexpr std::array<SettingName, 17> kAll = {
     kAllocator,        kDevice,      kHostCapacity, kMemFraction,       kPreallocate,       kReleaseThreshold,
-    kIdleRelease,      kWakeWait,    kQuota,        kLedger,            kLedgerMode,        kLedgerName,
+    kIdleRelease,      kAliases,     kWakeWait,     kQuota,             kLedger,            kLedgerMode,
+    kLedgerName,
     kInterposerOnly[0], kInterposerOnly[1], kInterposerOnly[2], kInterposerOnly[3]};
 
 std::string_view trim(std::string_view text) {

@@ -17,6 +17,7 @@ inline constexpr SettingName kMemFraction{"TIDEPOOL_MEM_FRACTION", "mem_fraction
 inline constexpr SettingName kPreallocate{"TIDEPOOL_PREALLOCATE", "preallocate"};
 inline constexpr SettingName kReleaseThreshold{"TIDEPOOL_RELEASE_THRESHOLD", "release_threshold"};
 inline constexpr SettingName kIdleRelease{"TIDEPOOL_IDLE_RELEASE", "idle_release"};
+inline constexpr SettingName kAliases{"TIDEPOOL_ALIASES", "aliases"};
 inline constexpr SettingName kWakeWait{"TIDEPOOL_WAKE_WAIT", "wake_wait"};
 inline constexpr SettingName kQuota{"TIDEPOOL_QUOTA", "quota"};
 inline constexpr SettingName kLedger{"TIDEPOOL_LEDGER", "ledger"};

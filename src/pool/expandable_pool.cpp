@@ -48,6 +48,67 @@ Expected<PhysicalHandle> ExpandablePool::State::unmap_free(GranuleId id) {
   return granules.take_free(id);
 }
 
+Expected<PhysicalHandle> ExpandablePool::State::steal_free(GranuleId id) {
+  if (!keeps_aliases()) return unmap_free(id);
+  if (Status settled = settle(id); !settled) return std::move(settled).error();
+  const PhysicalHandle handle = granules.take_free(id);
+  aliases[handle].elsewhere.push_back(id);  // its home is set where back() maps it
+  alias_at.emplace(id, handle);
+  return handle;
+}
+
+bool ExpandablePool::State::move_home(GranuleId id) {
+  const auto found = alias_at.find(id);
+  if (found == alias_at.end()) return false;
+  const PhysicalHandle handle = found->second;
+  Aliased& aliased = aliases.at(handle);
+  const GranuleId home = aliased.home;
+  if (!granules.is_free(home) || !settle(home)) {  // in use there (or its stream failed): not here
+    drop_alias(id);
+    return false;
+  }
+  (void)granules.take_free(home);
+  granules.set_mapped(id, handle);
+  std::replace(aliased.elsewhere.begin(), aliased.elsewhere.end(), id, home);
+  alias_at.erase(found);
+  alias_at.emplace(home, handle);
+  aliased.home = id;
+  ++alias_moves;
+  return true;
+}
+
+void ExpandablePool::State::drop_alias(GranuleId id) noexcept {
+  const auto found = alias_at.find(id);
+  if (found == alias_at.end()) return;
+  const PhysicalHandle handle = found->second;
+  alias_at.erase(found);
+  (void)device->unmap(address_of(id), granule);
+  ++unmaps;
+  Aliased& aliased = aliases.at(handle);
+  std::erase(aliased.elsewhere, id);
+  if (aliased.elsewhere.empty()) aliases.erase(handle);
+}
+
+void ExpandablePool::State::drop_aliases_of(PhysicalHandle handle) noexcept {
+  const auto found = aliases.find(handle);
+  if (found == aliases.end()) return;
+  for (const GranuleId id : found->second.elsewhere) {
+    (void)device->unmap(address_of(id), granule);
+    ++unmaps;
+    alias_at.erase(id);
+  }
+  aliases.erase(found);
+}
+
+void ExpandablePool::State::drop_aliases() noexcept {
+  for (const auto& [id, handle] : alias_at) {
+    (void)device->unmap(address_of(id), granule);
+    ++unmaps;
+  }
+  alias_at.clear();
+  aliases.clear();
+}
+
 void ExpandablePool::State::apply_journal() noexcept {
   for (std::size_t i = 0; i < noted; ++i) {
     const Noted& block = journal[i];
@@ -140,9 +201,19 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   auto map_run = [&]() -> Status {
     if (run.empty()) return {};
     Status mapped = device->map_many(address_of(run_first), granule, run);
+    if (!mapped && mapped.error().code() == Errc::limit_reached && !alias_at.empty()) {
+      drop_aliases();  // kernel mappings for what must be mapped
+      mapped = device->map_many(address_of(run_first), granule, run);
+    }
     if (!mapped) return mapped;
     maps += static_cast<std::int64_t>(run.size());
-    for (std::size_t i = 0; i < run.size(); ++i) granules.set_mapped(run_first + static_cast<GranuleId>(i), run[i]);
+    for (std::size_t i = 0; i < run.size(); ++i) {
+      const GranuleId id = run_first + static_cast<GranuleId>(i);
+      granules.set_mapped(id, run[i]);
+      if (!aliases.empty()) {
+        if (const auto aliased = aliases.find(run[i]); aliased != aliases.end()) aliased->second.home = id;
+      }
+    }
     run.clear();
     return {};
   };
@@ -160,6 +231,15 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     if (granules.is_mapped(id)) {
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
       continue;
+    }
+    if (!alias_at.empty() && alias_at.contains(id)) {
+      // Mapped here already, as an alias: moved home with no call when its
+      // memory is free where it is, else unmapped to be backed anew.
+      if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
+      if (move_home(id)) {
+        stitched = true;
+        continue;
+      }
     }
     if (run.empty()) run_first = id;
     // A free granule from elsewhere (footprint stays flat) while more than
@@ -183,7 +263,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       // kernel mapping, and unmaps piling up before one map would pass the
       // mapping budget unchecked.
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
-      Expected<PhysicalHandle> stolen = unmap_free(granules.highest_free());
+      Expected<PhysicalHandle> stolen = steal_free(granules.highest_free());
       if (!stolen) return abandon(std::move(stolen).error());
       run_first = id;
       run.push_back(*stolen);
@@ -339,6 +419,7 @@ ExpandablePool::~ExpandablePool() {
   s.stop_reaper();
   for (Stream stream : s.freeing_streams) (void)wait_for(*s.device, stream);
   for (std::size_t id = 1; id <= s.tags.size(); ++id) s.free_host(s.tags.at(static_cast<pool::TagId>(id)).host);
+  s.drop_aliases();
   for (GranuleId id = 0; id < s.granules.size(); ++id) {
     if (!s.granules.is_mapped(id)) continue;
     (void)s.device->unmap(s.address_of(id), s.granule);
@@ -485,7 +566,10 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   Expected<pool::PlacedBlock> block = place();
   if (!block) return std::move(block).error();
   if (!s.exact) {
-    if (block->costs_nothing) {  // already mapped: noted for the granule table
+    // Already mapped: noted for the granule table. (A placement on aliases
+    // costs nothing too, but moves their memory home first: back().)
+    if (block->costs_nothing && (s.alias_at.empty() || s.all_mapped(reinterpret_cast<std::uintptr_t>(block->base),
+                                                                     block->bytes))) {
       s.note(reinterpret_cast<std::uintptr_t>(block->base), block->bytes, stream, true);
       s.note_quiet();
       s.usage.allocated(block->bytes);
@@ -639,7 +723,9 @@ std::string ExpandablePool::dump() const {
                     std::to_string(s.usage.num_device_frees) + "; granule table rebuilt from the arenas " +
                     std::to_string(s.rebuilds) + " times (lazy mode); " +
                     (s.warm ? "warm" : "growing") + ": steals while more than 1/" +
-                    std::to_string(s.warm ? kWarmSlackShare : kSlackShare) + " of the mapped granules are free\n";
+                    std::to_string(s.warm ? kWarmSlackShare : kSlackShare) + " of the mapped granules are free; " +
+                    std::to_string(s.alias_at.size()) + " granules mapped also where they were stolen from (aliases), " +
+                    std::to_string(s.alias_moves) + " moved back there with no device call\n";
   for (const State::Space& space : s.spaces) {
     out += "  address space [" + format_address(space.base) + ", " + format_address(space.base + space.bytes) +
            ") for " +

@@ -263,6 +263,7 @@ Status ExpandablePool::tag_begin(std::string_view name) {
     if (id == pool::kUntagged) {
       s.sync_granules();  // a tag's bookkeeping needs the granule table: it follows every block from now on
       s.exact = true;
+      s.drop_aliases();  // a tag's sleep and wake map its space themselves
       id = s.tags.add(name, *s.device, arena_options());
     }
   }

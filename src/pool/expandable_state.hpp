@@ -33,6 +33,7 @@
 #include <optional>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "pool/best_fit_arena.hpp"
@@ -365,13 +366,81 @@ struct ExpandablePool::State {
   /// release. Steals take the free granule at the highest address (see
   /// back()), releases the one that has waited longest.
   Expected<PhysicalHandle> unmap_free(GranuleId id);
-  /// Gives an unmapped granule's handle back to the device. A failed release
-  /// leaves the memory with the device's accounting; the pool no longer holds
-  /// it either way.
+  /// Gives an unmapped granule's handle back to the device, its aliases
+  /// unmapped first. A failed release leaves the memory with the device's
+  /// accounting; the pool no longer holds it either way.
   void release_handle(PhysicalHandle handle) {
+    if (!aliases.empty()) drop_aliases_of(handle);
     (void)device->release(handle, granule);
     usage.released(granule);
   }
+
+  // --- aliases (ExpandableOptions::aliases) ---------------------------------
+  // A granule stolen stays mapped where it was too (Device::map maps a handle
+  // at several ranges: an alias), while no tag exists. The table counts that
+  // address unmapped; back() maps nothing there when the granule's memory is
+  // free where the table has it (its home): it moves the home with no device
+  // call. A program whose steps take turns with a granule between two places
+  // (one freed before the other is needed) then moves it once, not every
+  // step. An alias whose memory a live block uses elsewhere is unmapped
+  // before anything else is mapped there. Two live blocks never share memory:
+  // only a granule the table counts free moves.
+  struct Aliased {
+    GranuleId home = 0;                // where the table has the handle
+    std::vector<GranuleId> elsewhere;  // where it is mapped besides
+  };
+  std::unordered_map<PhysicalHandle, Aliased> aliases;  // handles with an alias
+  std::unordered_map<GranuleId, PhysicalHandle> alias_at;
+  std::int64_t alias_moves = 0;  // granules moved home with no device call
+  /// Whether a steal keeps the granule's old mapping: asked for
+  /// (ExpandableOptions::aliases), no tag exists (a tag's sleep and wake map
+  /// its space themselves), and aliases stay fewer than the granules mapped
+  /// (each is a kernel mapping on the host device).
+  bool keeps_aliases() const noexcept {
+    return options.aliases && tags.size() == 0 && alias_at.size() < granules.mapped();
+  }
+  /// Whether the table has every granule under [base, base + bytes) mapped.
+  bool all_mapped(std::uintptr_t base, std::size_t bytes) const noexcept {
+    const Space& space = *space_of(base);
+    const auto [first, last] = granules_of(space, base, bytes);
+    return granules.all_mapped(part_of(space), first, last);
+  }
+  /// Granules of [first, last] that a block there would need mapped: those
+  /// the table has unmapped, but for aliases whose memory is free at a home
+  /// outside the range, each handle once (back() moves those home with no
+  /// call). The table is brought up to date first: the arenas are consistent
+  /// while they ask (before they carve), and the journal or a rebuild
+  /// changes only the table.
+  std::size_t unserved(GranuleId first, GranuleId last) noexcept {
+    if (!table_current()) sync_granules();
+    std::size_t count = 0;
+    for (GranuleId id = first; id <= last; ++id) {
+      if (granules.is_mapped(id)) continue;
+      const auto found = alias_at.find(id);
+      if (found == alias_at.end()) {
+        ++count;
+        continue;
+      }
+      const Aliased& aliased = aliases.at(found->second);
+      const auto inside = [&](GranuleId other) { return other >= first && other <= last; };
+      const bool serves = granules.is_free(aliased.home) && !inside(aliased.home) &&
+                          std::none_of(aliased.elsewhere.begin(), aliased.elsewhere.end(),
+                                       [&](GranuleId other) { return other != id && inside(other) && other < id; });
+      count += serves ? 0 : 1;  // an earlier alias of the same memory in the range took it
+    }
+    return count;
+  }
+  /// Unmaps the alias at `id` (not a granule the table has mapped).
+  void drop_alias(GranuleId id) noexcept;
+  void drop_aliases_of(PhysicalHandle handle) noexcept;
+  void drop_aliases() noexcept;
+  /// Steals free granule `id`: its handle, for the caller to map; mapped
+  /// there still (an alias) when keeps_aliases().
+  Expected<PhysicalHandle> steal_free(GranuleId id);
+  /// Unmapped granule `id` of the block being backed has an alias whose
+  /// memory is free at its home: the home moves to `id`, no device call.
+  /// False (the alias unmapped if its memory is in use) otherwise.
+  bool move_home(GranuleId id);
   // --- the step plan (step_plan.hpp) --------------------------------------
   // A program that repeats a step is served from a plan of it: its large
   // untagged requests at offsets in one arena block, the slab. Only while
@@ -415,15 +484,21 @@ struct ExpandablePool::State {
   /// The arenas place a block where it needs the fewest granules mapped, so
   /// that memory already mapped is used before any is stolen or created.
   struct GranulesToMap final : pool::PlacementCost {
-    explicit GranulesToMap(const State& state) : s(state) {}
+    explicit GranulesToMap(State& state) : s(state) {}
     std::size_t cost(std::uintptr_t base, std::size_t bytes) const noexcept override {
       const auto [first, last] = s.granules_of(*s.space_of(base), base, bytes);
-      return s.granules.unmapped_in(first, last);
+      const std::size_t unmapped = s.granules.unmapped_in(first, last);
+      if (unmapped == 0 || s.alias_at.empty()) return unmapped;
+      return s.unserved(first, last);
     }
+    // Aliases are weighed on the table's free granules: brought up to date
+    // first (the journal applied), or a placement repeating the last step's
+    // would see the granules that step freed as still in use.
     bool costs_nothing(std::uintptr_t base, std::size_t bytes) const noexcept override {
       const Space& space = *s.space_of(base);
       const auto [first, last] = s.granules_of(space, base, bytes);
-      return s.granules.all_mapped(s.part_of(space), first, last);
+      if (s.granules.all_mapped(s.part_of(space), first, last)) return true;
+      return !s.alias_at.empty() && s.unserved(first, last) == 0;  // or aliases serve the rest
     }
     // Free chunks coalesce over granules stolen from their middle, so mapped
     // granules may lie inside one whose ends are not: a block starting at
@@ -439,9 +514,9 @@ struct ExpandablePool::State {
     // Once quiet (1,024 allocations in a row served from mapped memory),
     // most blocks land on mapped memory.
     bool mostly_free() const noexcept override { return s.quiet(); }
-    const State& s;
+    State& s;
   };
-  const GranulesToMap placement_cost{*this};
+  GranulesToMap placement_cost{*this};
 
   // --- tags, sleep and wake (sleep.hpp) ------------------------------------
   pool::TagRegistry tags;

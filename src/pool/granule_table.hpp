@@ -213,6 +213,8 @@ class GranuleTable {
 
   std::size_t size() const noexcept { return uses_.size(); }
   bool is_mapped(GranuleId id) const noexcept { return mapped_bits_.test(id); }
+  /// Mapped, and no live block overlaps it.
+  bool is_free(GranuleId id) const noexcept { return free_bits_.test(id); }
   PhysicalHandle handle(GranuleId id) const noexcept { return handle_[id]; }
   /// While free: the stream(s) whose queued work may still touch it, or kNoStream.
   Stream freed_on(GranuleId id) const noexcept {

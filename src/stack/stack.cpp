@@ -157,6 +157,7 @@ Expected<std::unique_ptr<Allocator>> make_pool(Mode mode, const Config& config,
       ExpandableOptions options;
       if (config.release_threshold.value) options.release_threshold = *config.release_threshold.value;
       options.idle_release = config.idle_release.value;
+      options.aliases = config.aliases.value;
       auto pool = ExpandablePool::create(std::move(device), options);
       if (!pool) return std::move(pool).error();
       return std::unique_ptr<Allocator>(std::move(*pool));

@@ -331,6 +331,20 @@ TEST(TidepoolVariables, IdleReleaseIsADuration) {
   EXPECT_TRUE(any_contains(bfc.notes, "TIDEPOOL_IDLE_RELEASE has no effect in mode growth"));
 }
 
+TEST(TidepoolVariables, AliasesIsAStrictBoolean) {
+  EXPECT_FALSE(load_ok({}).aliases.value);  // off by default
+  for (auto [text, value] : {std::pair{"1", true}, {"on", true}, {"TRUE", true}, {"0", false}, {"off", false}}) {
+    Config config = load_ok({{"TIDEPOOL_ALIASES", text}});
+    EXPECT_EQ(config.aliases.value, value) << text;
+    EXPECT_EQ(config.aliases.name, "TIDEPOOL_ALIASES");
+  }
+  for (const char* value : {"maybe", "", "2"})
+    expect_invalid({{"TIDEPOOL_ALIASES", value}}, "TIDEPOOL_ALIASES", value, "true, false");
+  Config bfc = load_ok({{"TIDEPOOL_ALLOCATOR", "growth"}, {"TIDEPOOL_ALIASES", "on"}});
+  EXPECT_TRUE(any_contains(bfc.notes, "TIDEPOOL_ALIASES has no effect in mode growth"));
+  EXPECT_TRUE(load_ok({{"TIDEPOOL_ALIASES", "on"}}).notes.empty());
+}
+
 TEST(TidepoolVariables, WakeWaitIsADuration) {
   using std::chrono::milliseconds;
   EXPECT_EQ(load_ok({}).wake_wait.value, milliseconds(10000));

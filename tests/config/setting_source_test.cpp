@@ -54,7 +54,7 @@ TEST(SettingOrigin, DefaultsHaveNoName) {
   for (const SettingSource* setting :
        std::vector<const SettingSource*>{&config.mode, &config.mem_fraction, &config.preallocate, &config.device,
                                          &config.host_capacity, &config.release_threshold, &config.idle_release,
-                                         &config.wake_wait, &config.quota, &config.ledger, &config.ledger_mode,
+                                         &config.aliases, &config.wake_wait, &config.quota, &config.ledger, &config.ledger_mode,
                                          &config.ledger_name}) {
     EXPECT_EQ(setting->origin, Origin::default_value);
     EXPECT_TRUE(setting->is_default());
@@ -108,7 +108,7 @@ TEST(SettingOrigin, DevicePluginVariable) {
 
 TEST(SettingOrigin, ConfigKeys) {
   const Config config = from_keys({{"mem_fraction", "0.5"}, {"mode", "growth"}, {"capacity", "1GiB"},
-                                   {"quota", "40%"}, {"wake_wait", "2s"}});
+                                   {"quota", "40%"}, {"wake_wait", "2s"}, {"aliases", "on"}});
   EXPECT_EQ(config.vocabulary, Vocabulary::keys);
   expect_source(config.mem_fraction, Origin::config_key, "mem_fraction", "0.5");
   expect_source(config.mode, Origin::config_key, "mode", "growth");
@@ -117,6 +117,8 @@ TEST(SettingOrigin, ConfigKeys) {
   expect_source(config.quota, Origin::config_key, "quota", "40%");
   expect_source(config.ledger, Origin::config_key, "quota", "40%");
   expect_source(config.wake_wait, Origin::config_key, "wake_wait", "2s");
+  expect_source(config.aliases, Origin::config_key, "aliases", "on");
+  EXPECT_TRUE(config.aliases.value);
   EXPECT_TRUE(config.quota.is_tidepool());  // strict, as TIDEPOOL_QUOTA
   EXPECT_TRUE(config.device.is_default());
 }
@@ -143,7 +145,7 @@ TEST(SettingVocabulary, ABadKeyValueNamesTheKey) {
     EXPECT_TRUE(message.starts_with(key + "='bogus!' is invalid")) << message;
     EXPECT_FALSE(contains(message, "TIDEPOOL_")) << message;
   }
-  EXPECT_EQ(keys.size(), 11u);  // the keys the C ABI and Python accept
+  EXPECT_EQ(keys.size(), 12u);  // the keys the C ABI and Python accept
   auto fraction = Config::from_keys({{"mem_fraction", "abc"}}, DeviceKind::host);
   ASSERT_FALSE(fraction);
   EXPECT_TRUE(contains(fraction.error().message(), "mem_fraction='abc' is invalid: not a number"))

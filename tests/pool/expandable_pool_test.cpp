@@ -113,6 +113,97 @@ TEST(ExpandablePool, StitchingServesWhatBestFitRefusesAsSplit) {
   }
 }
 
+// ExpandableOptions::aliases: a stolen granule stays mapped where it was
+// too, and serves there again with no device call while its memory is free
+// where it went; a live block's memory is never another live block's.
+TEST(ExpandablePool, AStolenGranuleServesWhereItWasAgainWithNoCall) {
+  auto device = host_device(1 * GiB);
+  const std::size_t reserved_only = device->mapping_count();
+  ExpandableOptions options;
+  options.aliases = true;
+  auto pool = expandable(device, options);
+  Fragmented state = fill_and_free_every_other(*pool);
+  ASSERT_EQ(state.live.size(), 32u);
+  for (std::size_t i = 0; i < state.live.size(); ++i) fill(state.live[i], 16 * MiB, i, 512);
+
+  // The holes' 256 granules are stolen for the half, and stay mapped in the holes.
+  void* half = must_allocate(*pool, 512 * MiB);
+  Stats stats = pool->stats();
+  EXPECT_EQ(stats.num_unmaps, 0);
+  const std::int64_t maps = stats.num_maps;
+  EXPECT_EQ(stats.bytes_mapped, static_cast<std::int64_t>(1 * GiB));  // memory, not mappings
+  EXPECT_EQ(device->mem_info().free_bytes, 0u);
+  EXPECT_NE(pool->dump().find("256 granules mapped also where they were stolen from"), std::string::npos)
+      << pool->dump();
+  fill(half, 512 * MiB, 1000, 512);
+
+  // The half freed, the holes take blocks again: their aliases move home, no call.
+  ASSERT_TRUE(pool->deallocate(half));
+  std::vector<void*> again;
+  for (std::size_t i = 0; i < 32; ++i) {
+    again.push_back(must_allocate(*pool, 16 * MiB));
+    fill(again.back(), 16 * MiB, 2000 + i, 512);
+  }
+  stats = pool->stats();
+  EXPECT_EQ(stats.num_maps, maps);
+  EXPECT_EQ(stats.num_unmaps, 0);
+  EXPECT_EQ(stats.num_device_allocs, static_cast<std::int64_t>(1 * GiB / (2 * MiB)));
+  // The device is full: the half's range holds only aliases of live memory.
+  Expected<void*> more = pool->allocate(16 * MiB);
+  ASSERT_FALSE(more);
+  EXPECT_EQ(more.error().code(), Errc::out_of_memory);
+  for (std::size_t i = 0; i < state.live.size(); ++i) {
+    EXPECT_TRUE(intact(state.live[i], 16 * MiB, i, 512)) << "survivor " << i;
+  }
+  for (std::size_t i = 0; i < again.size(); ++i) {
+    EXPECT_TRUE(intact(again[i], 16 * MiB, 2000 + i, 512)) << "block " << i << " in a hole";
+  }
+
+  // And back: the holes freed, the half's range serves 512 MiB with no call.
+  for (void* block : again) ASSERT_TRUE(pool->deallocate(block));
+  half = must_allocate(*pool, 512 * MiB);
+  EXPECT_EQ(pool->stats().num_maps, maps);
+  fill(half, 512 * MiB, 3000, 512);
+  for (std::size_t i = 0; i < state.live.size(); ++i) {
+    EXPECT_TRUE(intact(state.live[i], 16 * MiB, i, 512)) << "survivor " << i;
+  }
+  EXPECT_TRUE(intact(half, 512 * MiB, 3000, 512));
+
+  // trim() gives every free granule back, its aliases unmapped first; the
+  // pool's end unmaps the rest.
+  ASSERT_TRUE(pool->deallocate(half));
+  for (void* block : state.live) ASSERT_TRUE(pool->deallocate(block));
+  pool->trim();
+  EXPECT_EQ(device->mem_info().free_bytes, 1 * GiB);
+  EXPECT_EQ(pool->stats().bytes_mapped, 0);
+  pool.reset();
+  EXPECT_EQ(device->mapping_count(), reserved_only);
+}
+
+// A tag's sleep and wake map its space themselves: the first tag drops every
+// alias, and none is kept while a tag exists. Without the option none is kept.
+TEST(ExpandablePool, AliasesAreKeptOnlyWhenAskedAndNoTagExists) {
+  for (bool aliases : {false, true}) {
+    SCOPED_TRACE(aliases ? "aliases" : "no aliases");
+    auto device = host_device(1 * GiB);
+    ExpandableOptions options;
+    options.aliases = aliases;
+    auto pool = expandable(device, options);
+    Fragmented state = fill_and_free_every_other(*pool);
+    void* half = must_allocate(*pool, 512 * MiB);
+    EXPECT_EQ(pool->stats().num_unmaps, aliases ? 0 : 256);
+    ASSERT_TRUE(pool->tag_begin("weights"));
+    ASSERT_TRUE(pool->tag_end());
+    EXPECT_EQ(pool->stats().num_unmaps, 256);  // the aliases went
+    EXPECT_NE(pool->dump().find(" 0 granules mapped also where"), std::string::npos);
+    ASSERT_TRUE(pool->deallocate(half));
+    for (std::size_t i = 0; i < 4; ++i) ASSERT_TRUE(pool->deallocate(state.live[i]));
+    void* again = must_allocate(*pool, 64 * MiB);  // stitched again, now unmapped where it was
+    EXPECT_NE(pool->dump().find(" 0 granules mapped also where"), std::string::npos);
+    ASSERT_TRUE(pool->deallocate(again));
+  }
+}
+
 TEST(ExpandablePool, DataSurvivesStitchingTrimmingAndReuse) {
   // A small device and a small release threshold, so the sequence keeps
   // stitching, releasing and mapping again.

@@ -70,6 +70,15 @@ def test_idle_release_hands_the_cache_back():
         host(mode="expandable", idle_release="soon")
 
 
+def test_aliases_is_a_key():
+    pool = host(mode="expandable", aliases=True)
+    pool.free(pool.allocate(100 * MiB))
+    assert "granules mapped also where they were stolen from" in pool.dump()
+    assert tidepool.setting_keys()["aliases"] == "TIDEPOOL_ALIASES"
+    with pytest.raises(tidepool.InvalidArgumentError, match="aliases='sometimes' is invalid"):
+        host(mode="expandable", aliases="sometimes")
+
+
 def test_pointer_errors():
     pool = host(mode="growth")
     address = pool.allocate(4096)

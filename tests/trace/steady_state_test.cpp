@@ -138,6 +138,64 @@ TEST(SteadyState, EachPathologyWorkloadAtItsDefaultSizeMakesNoCallInItsSecondPas
   }
 }
 
+// TIDEPOOL_ALIASES (docs/expandable.md, "Aliases"): a granule stolen stays
+// mapped where it was too. bcrafton's pass 1 steals 67 granules at its peak
+// from places its next pass needs first: without aliases pass 2 creates or
+// steals them again (c11 m13 u2) until the step plan is laid; with them it
+// makes no device call from pass 2, within 3% of its peak, and pass 1
+// unmaps nothing.
+TEST(SteadyState, WithAliasesBcraftonsSecondPassMakesNoCall) {
+  auto trace = read_trace(std::string(TIDEPOOL_TEST_DATA) + "/pytorch/cs336-bcrafton.pickle");
+  ASSERT_TRUE(trace) << trace.error().message();
+  for (bool aliases : {false, true}) {
+    SCOPED_TRACE(aliases ? "aliases" : "no aliases");
+    ReplayOptions options;
+    options.config.mem_fraction.value = 1.0;
+    options.config.aliases.value = aliases;
+    options.passes = 3;
+    auto result = replay_mode(*trace, Mode::expandable, options);
+    ASSERT_TRUE(result) << result.error().message();
+    EXPECT_EQ(result->ooms, 0u);
+    const DeviceCalls& second = result->passes[1].device_calls;
+    if (!aliases) {
+      EXPECT_GT(memory_calls(second), 0u);
+      continue;
+    }
+    EXPECT_LE(result->fragmentation, 1.03);
+    EXPECT_EQ(result->passes[0].device_calls.unmaps, 0u);
+    EXPECT_LE(maps_and_unmaps(result->passes[0]), 3 * (result->passes[0].peak_reserved_bytes / (2 * MiB)));
+    for (std::size_t pass = 2; pass <= 3; ++pass) {
+      const DeviceCalls& calls = result->passes[pass - 1].device_calls;
+      EXPECT_EQ(memory_calls(calls), 0u) << "pass " << pass << ": " << memory_calls_text(calls);
+    }
+  }
+}
+
+// With aliases every block keeps its contents (each written whole at its
+// allocation and checked at its free) through passes that steal, move
+// granules home through aliases, and unmap aliases whose memory is in use
+// elsewhere; and at a limit 4% over the peak, where the pool steals to serve.
+TEST(SteadyState, WithAliasesEveryBlockKeepsItsContents) {
+  WorkloadOptions workload;
+  workload.steps = 2;
+  auto trace = make_workload("random-mixed", workload);
+  ASSERT_TRUE(trace) << trace.error().message();
+  ReplayOptions options;
+  options.config.mem_fraction.value = 1.0;
+  options.config.aliases.value = true;
+  options.verify_contents = true;
+  options.passes = 3;
+  auto result = replay_mode(*trace, Mode::expandable, options);
+  ASSERT_TRUE(result) << result.error().message();
+  EXPECT_EQ(result->ooms, 0u);
+  EXPECT_GT(result->passes[0].device_calls.maps, result->passes[0].device_calls.creates);  // it stole
+  options.capacity_bytes = (result->peak_live_bytes * 104 / 100 + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+  options.passes = 2;
+  auto tight = replay_mode(*trace, Mode::expandable, options);
+  ASSERT_TRUE(tight) << tight.error().message();
+  EXPECT_EQ(tight->ooms, 0u);
+}
+
 // A training program repeated is placed as it was the last time
 // (docs/expandable.md, "Large blocks held back"): its pass 1 steals
 // nothing, so a pass 2 that puts every block where pass 1 did finds every

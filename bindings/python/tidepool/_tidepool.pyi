@@ -42,6 +42,7 @@ class Allocator:
         preallocate: Setting = ...,
         release_threshold: Setting = ...,
         idle_release: Setting = ...,
+        aliases: Setting = ...,
         wake_wait: Setting = ...,
         quota: Setting = ...,
         ledger: Setting = ...,
