@@ -93,9 +93,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   require(device.has_value());
   const std::size_t device_free_at_start = (*device)->mem_info().free_bytes;
   Config config;
-  // The release threshold (expandable, cuda_async): keep all, none, or 8 MiB.
-  const std::uint8_t release = in.next() % 3;
+  // The release threshold (expandable, cuda_async): keep all, none, or 8 MiB;
+  // and whether an expandable pool keeps stolen granules mapped (aliases).
+  const std::uint8_t settings = in.next();
+  const std::uint8_t release = settings % 3;
   if (release != 0) config.release_threshold = {std::optional<std::size_t>(release == 1 ? 0 : 8 * MiB)};
+  config.aliases.value = settings / 3 % 2 == 1;
   if (!mode_supported(mode, **device)) return 0;
   auto pool = make_allocator(mode, config, *device);
   require(pool.has_value());
