@@ -412,9 +412,15 @@ struct ExpandablePool::State {
   /// while they ask (before they carve), and the journal or a rebuild
   /// changes only the table.
   std::size_t unserved(GranuleId first, GranuleId last) noexcept {
+    // Up to the first alias, every unmapped granule counts, and the table
+    // need not be current: a range with no alias costs what it does without.
+    GranuleId id = first;
+    while (id <= last && (granules.is_mapped(id) || !alias_at.contains(id))) ++id;
+    if (id > last) return granules.unmapped_in(first, last);
+    std::size_t count = id == first ? 0 : granules.unmapped_in(first, id - 1);
     if (!table_current()) sync_granules();
-    std::size_t count = 0;
-    for (GranuleId id = first; id <= last; ++id) {
+    const auto inside = [&](GranuleId other) { return other >= first && other <= last; };
+    for (; id <= last; ++id) {
       if (granules.is_mapped(id)) continue;
       const auto found = alias_at.find(id);
       if (found == alias_at.end()) {
@@ -422,7 +428,6 @@ struct ExpandablePool::State {
         continue;
       }
       const Aliased& aliased = aliases.at(found->second);
-      const auto inside = [&](GranuleId other) { return other >= first && other <= last; };
       const bool serves = granules.is_free(aliased.home) && !inside(aliased.home) &&
                           std::none_of(aliased.elsewhere.begin(), aliased.elsewhere.end(),
                                        [&](GranuleId other) { return other != id && inside(other) && other < id; });
