@@ -65,8 +65,7 @@ struct HostDevice::State {
   struct Physical {
     std::vector<Extent> extents;
     std::size_t bytes = 0;
-    std::size_t mappings = 0;      // map() calls holding it
-    std::uintptr_t mapped_at = 0;  // the last of them, for messages; 0: not mapped
+    std::size_t mappings = 0;  // map() calls holding it
   };
   /// One extent mapped at an address: what the kernel sees as a file mapping
   /// (merged with an address- and offset-contiguous neighbour).
@@ -383,7 +382,7 @@ Expected<PhysicalHandle> HostDevice::create(std::size_t bytes) {
   // free_bytes() and the allocation cannot fail here.
   std::vector<Extent> extents = s.offsets.allocate(bytes);
   const PhysicalHandle handle = s.next_handle++;
-  s.physicals.emplace(handle, State::Physical{std::move(extents), bytes, 0, 0});
+  s.physicals.emplace(handle, State::Physical{std::move(extents), bytes, 0});
   s.physical_bytes += bytes;
   return handle;
 }
@@ -473,7 +472,6 @@ Status HostDevice::map_many(void* va, std::size_t bytes, std::span<const Physica
   for (std::size_t i = 0; i < handles.size(); ++i) {
     s.maps.emplace(address + i * bytes, State::MapCall{bytes, handles[i]});
     ++targets[i]->mappings;
-    targets[i]->mapped_at = address + i * bytes;
   }
   s.mappings = static_cast<std::size_t>(static_cast<long>(s.mappings) + delta);
   return {};
@@ -509,17 +507,8 @@ Status HostDevice::unmap(void* va, std::size_t bytes) {
     s.pieces.insert(own.begin(), own.end());
     return error;
   }
-  const PhysicalHandle handle = found->second.handle;
   s.maps.erase(found);
-  if (--target.mappings == 0) {
-    target.mapped_at = 0;
-  } else if (target.mapped_at == address) {  // another of its addresses, for messages
-    for (const auto& [at, call] : s.maps) {
-      if (call.handle != handle) continue;
-      target.mapped_at = at;
-      break;
-    }
-  }
+  --target.mappings;
   s.mappings = static_cast<std::size_t>(static_cast<long>(s.mappings) + delta);
   return {};
 }
@@ -531,8 +520,10 @@ Status HostDevice::release(PhysicalHandle handle, std::size_t bytes) {
   if (!physical) return std::move(physical).error();
   State::Physical& target = **physical;
   if (target.mappings != 0) {
+    const auto mapped = std::find_if(s.maps.begin(), s.maps.end(),
+                                     [handle](const auto& call) { return call.second.handle == handle; });
     return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
-                                             ", which is still mapped at " + format_address(target.mapped_at) +
+                                             ", which is still mapped at " + format_address(mapped->first) +
                                              (target.mappings > 1 ? " and " + std::to_string(target.mappings - 1) +
                                                                         " other addresses"
                                                                   : std::string()));

@@ -1,5 +1,6 @@
 #include "tidepool/cuda_device.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
@@ -95,26 +96,12 @@ CudaAvailability cuda_availability() {
 struct CudaDevice::State {
   struct Handle {
     std::size_t bytes = 0;
-    std::size_t ranges = 0;        // ranges it is mapped at: cuMemMap maps a handle at several
-    std::uintptr_t mapped_at = 0;  // one of them, for messages; 0: not mapped
+    std::size_t ranges = 0;  // ranges it is mapped at: cuMemMap maps a handle at several
   };
   struct Mapping {
     std::size_t bytes = 0;
     PhysicalHandle handle = 0;
   };
-  /// `handle`'s mapping at `address` is gone (mutex held).
-  void unmapped(PhysicalHandle handle, std::uintptr_t address) {
-    Handle& record = handles[handle];
-    if (--record.ranges == 0) {
-      record.mapped_at = 0;
-    } else if (record.mapped_at == address) {  // another of its ranges, for messages
-      for (const auto& [at, mapping] : mappings) {
-        if (mapping.handle != handle) continue;
-        record.mapped_at = at;
-        break;
-      }
-    }
-  }
 
   const cuda::DriverApi* driver = nullptr;
   int ordinal = 0;
@@ -437,13 +424,12 @@ Status CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
     // Claimed before the driver calls, so a concurrent map() of the same range
     // is refused, and a release of the handle; undone below if the driver says no.
     ++found->second.ranges;
-    found->second.mapped_at = address;
     s.mappings.emplace(address, State::Mapping{bytes, handle});
   }
   auto undo = [&] {
     std::lock_guard lock(s.mutex);
     s.mappings.erase(address);
-    s.unmapped(handle, address);
+    --s.handles[handle].ranges;
   };
   ScopedDevice current(s.ordinal);
   if (!current.status()) {
@@ -487,7 +473,7 @@ Status CudaDevice::unmap(void* va, std::size_t bytes) {
   }
   std::lock_guard lock(s.mutex);
   s.mappings.erase(address);
-  s.unmapped(handle, address);
+  --s.handles[handle].ranges;
   return {};
 }
 
@@ -507,8 +493,10 @@ Status CudaDevice::release(PhysicalHandle handle, std::size_t bytes) {
                        std::to_string(found->second.bytes));
     }
     if (found->second.ranges != 0) {
+      const auto mapped = std::find_if(s.mappings.begin(), s.mappings.end(),
+                                       [handle](const auto& range) { return range.second.handle == handle; });
       return Error(Errc::invalid_argument, s.who() + ": release of handle " + std::to_string(handle) +
-                                               ": still mapped at " + format_address(found->second.mapped_at) +
+                                               ": still mapped at " + format_address(mapped->first) +
                                                (found->second.ranges > 1
                                                     ? " and " + std::to_string(found->second.ranges - 1) +
                                                           " other ranges"
