@@ -82,8 +82,7 @@ void ExpandablePool::State::drop_alias(GranuleId id) noexcept {
   if (found == alias_at.end()) return;
   const PhysicalHandle handle = found->second;
   alias_at.erase(found);
-  (void)device->unmap(address_of(id), granule);
-  ++unmaps;
+  unmap_alias(id);
   Aliased& aliased = aliases.at(handle);
   std::erase(aliased.elsewhere, id);
   if (aliased.elsewhere.empty()) aliases.erase(handle);
@@ -93,18 +92,14 @@ void ExpandablePool::State::drop_aliases_of(PhysicalHandle handle) noexcept {
   const auto found = aliases.find(handle);
   if (found == aliases.end()) return;
   for (const GranuleId id : found->second.elsewhere) {
-    (void)device->unmap(address_of(id), granule);
-    ++unmaps;
+    unmap_alias(id);
     alias_at.erase(id);
   }
   aliases.erase(found);
 }
 
 void ExpandablePool::State::drop_aliases() noexcept {
-  for (const auto& [id, handle] : alias_at) {
-    (void)device->unmap(address_of(id), granule);
-    ++unmaps;
-  }
+  for (const auto& [id, handle] : alias_at) unmap_alias(id);
   alias_at.clear();
   aliases.clear();
 }

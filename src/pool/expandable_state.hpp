@@ -437,6 +437,11 @@ struct ExpandablePool::State {
   }
   /// Unmaps the alias at `id` (not a granule the table has mapped).
   void drop_alias(GranuleId id) noexcept;
+  /// The device call of every drop: the mapping at alias `id` goes.
+  void unmap_alias(GranuleId id) noexcept {
+    (void)device->unmap(address_of(id), granule);
+    ++unmaps;
+  }
   void drop_aliases_of(PhysicalHandle handle) noexcept;
   void drop_aliases() noexcept;
   /// Steals free granule `id`: its handle, for the caller to map; mapped
@@ -500,10 +505,10 @@ struct ExpandablePool::State {
     // first (the journal applied), or a placement repeating the last step's
     // would see the granules that step freed as still in use.
     bool costs_nothing(std::uintptr_t base, std::size_t bytes) const noexcept override {
-      const Space& space = *s.space_of(base);
-      const auto [first, last] = s.granules_of(space, base, bytes);
-      if (s.granules.all_mapped(s.part_of(space), first, last)) return true;
-      return !s.alias_at.empty() && s.unserved(first, last) == 0;  // or aliases serve the rest
+      if (s.all_mapped(base, bytes)) return true;
+      if (s.alias_at.empty()) return false;
+      const auto [first, last] = s.granules_of(*s.space_of(base), base, bytes);
+      return s.unserved(first, last) == 0;  // aliases serve the rest
     }
     // Free chunks coalesce over granules stolen from their middle, so mapped
     // granules may lie inside one whose ends are not: a block starting at
