@@ -549,16 +549,18 @@ TEST(StepPlan, ThePlacementIsTakenAtTheStepsStartAndMayBeDroppedWhileMade) {
   EXPECT_EQ(again.slab_bytes(), footprint);
 }
 
+// Which sanitizer this build runs under: GCC defines __SANITIZE_*__, clang
+// answers __has_feature.
+#if defined(__has_feature)
+#define STEP_PLAN_TEST_HAS(feature) __has_feature(feature)
+#else
+#define STEP_PLAN_TEST_HAS(feature) 0
+#endif
+
 // TSan does not support a child of a multi-threaded process starting threads
 // (it dies): under it the child only places its parent's step.
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || STEP_PLAN_TEST_HAS(thread_sanitizer)
 constexpr bool kUnderTsan = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kUnderTsan = true;
-#else
-constexpr bool kUnderTsan = false;
-#endif
 #else
 constexpr bool kUnderTsan = false;
 #endif
@@ -567,14 +569,8 @@ constexpr bool kUnderTsan = false;
 // child forked while another thread is inside it (the placer, placing) may
 // wait forever on a lock that thread held. glibc's malloc, which the pool
 // runs on outside ASan, is locked around fork by glibc itself.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || STEP_PLAN_TEST_HAS(address_sanitizer)
 constexpr bool kUnderAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kUnderAsan = true;
-#else
-constexpr bool kUnderAsan = false;
-#endif
 #else
 constexpr bool kUnderAsan = false;
 #endif
