@@ -67,8 +67,9 @@ struct LedgerOptions {
 ///
 /// A child forked after registration inherits the object but not the entry
 /// (it is the parent's): there reserve fails with unsupported, and
-/// unreserve, the reports, trim answers and the destructor leave the entry
-/// alone.
+/// unreserve, the hooks, the reports, trim answers and the destructor leave
+/// the entry alone, taking no lock the parent's thread may have held at the
+/// fork.
 class LedgerAccount {
  public:
   /// Registers this process in `ledger`, clearing dead entries first.

@@ -23,7 +23,13 @@ TrimAnswerer::~TrimAnswerer() {
   if (thread_.joinable()) thread_.join();
 }
 
+// In a forked child the mutexes below may be held for ever: a thread of the
+// parent may have held one at the fork, and that thread is not in the child.
+// So the child takes none of them; it has nothing to do there anyway (the
+// entry is the parent's, and so is the thread).
+
 void TrimAnswerer::set_hooks(TrimHooks hooks) {
+  if (slot_.forked()) return;
   {
     std::lock_guard lock(hooks_mutex_);
     hooks_ = std::move(hooks);
@@ -39,6 +45,7 @@ void TrimAnswerer::set_hooks(TrimHooks hooks) {
 }
 
 void TrimAnswerer::clear_hooks() {
+  if (slot_.forked()) return;
   std::lock_guard lock(hooks_mutex_);
   hooks_ = TrimHooks{};
   if (!slot_.may_touch()) return;
@@ -49,6 +56,7 @@ void TrimAnswerer::clear_hooks() {
 }
 
 void TrimAnswerer::refresh_reports() {
+  if (slot_.forked()) return;
   std::lock_guard lock(hooks_mutex_);
   refresh_locked();
 }

@@ -297,5 +297,39 @@ TEST(LedgerAccount, AForkedChildLeavesItsParentsEntryAlone) {
   account->clear_trim_hooks();
 }
 
+// The parent's thread holds the hooks' lock at the fork (it is inside a
+// report): the child must not wait on that lock, which no thread of its own
+// will ever release.
+TEST(LedgerAccount, AChildForkedWhileItsParentsThreadIsInAHookTakesNoLockOfIt) {
+  UniqueSegment segment("fork-in-hook");
+  LedgerOptions options = ledger_options(segment.name());
+  options.poll_period = 1ms;  // a report every 10 ms
+  auto account = open_account(options);
+  std::atomic<bool> armed{false}, inside{false}, release{false};
+  TrimHooks hooks;
+  hooks.cached_free_bytes = [&]() -> std::size_t {
+    if (!armed.load()) return 0;
+    inside.store(true);
+    for (int i = 0; i < 10000 && !release.load(); ++i) std::this_thread::sleep_for(1ms);
+    return 0;
+  };
+  account->set_trim_hooks(hooks);
+  armed.store(true);
+  for (int i = 0; i < 5000 && !inside.load(); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(inside.load()) << "the background thread never reported";
+  Child child([&]() -> int {
+    account->refresh_reports();
+    account->set_trim_hooks(TrimHooks{});
+    account->clear_trim_hooks();
+    if (account->answer_trim_requests() != 0) return 10;
+    account.reset();
+    return 0;
+  });
+  const int status = child.wait(5s);
+  release.store(true);
+  EXPECT_EQ(status, 0) << "-1: the child waited on a lock its parent's thread held at the fork";
+  account->clear_trim_hooks();
+}
+
 }  // namespace
 }  // namespace tidepool::test
