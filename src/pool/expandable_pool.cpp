@@ -143,7 +143,8 @@ void ExpandablePool::State::sync_granules(const void* except) {
 }
 
 std::size_t ExpandablePool::State::release_free(std::size_t keep) {
-  std::size_t released = 0;
+  std::size_t released = headroom.size() * granule;
+  drop_headroom();
   while (free_granule_bytes() > keep) {
     Expected<PhysicalHandle> handle = unmap_free(granules.oldest_free());
     if (!handle) break;  // the device refused: keep the rest cached
@@ -174,6 +175,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   apply_journal();
   // Undoes the uses taken: granules mapped for this block stay mapped, free.
   auto undo = [&] { granules.unuse_range(first, last, kNoStream); };
+  if (!headroom.empty() && mapped_bytes() + missing * granule > bytes_limit) drop_headroom();
   const std::size_t room = (bytes_limit - mapped_bytes()) / granule;
   // A step plan that lost its place (the program changed) or whose slab
   // leaves the pool short is retired, its slab freed (now if nothing lives
@@ -221,7 +223,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     return error;
   };
 
-  bool stitched = false;
+  bool stitched = false, created = false;
   for (GranuleId id = first; id <= last; ++id) {
     if (granules.is_mapped(id)) {
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
@@ -251,7 +253,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     // caught up with its creates; below the limit, the pool makes at most
     // three device calls (create, unmap, map) per granule it ever created.
     const bool at_limit = mapped_bytes() + (run.size() + 1) * granule > bytes_limit;
-    const bool may_move = moved < usage.num_device_allocs;
+    const bool may_move = moved < usage.num_device_allocs - headroom_made;
     if ((may_move && granules.free_count() > slack_granules()) ||
         ((at_limit || for_slab) && granules.free_count() > 0)) {
       // A stolen granule is mapped here at once, alone: its unmap may split a
@@ -260,11 +262,23 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
       Expected<PhysicalHandle> stolen = steal_free(granules.highest_free());
       if (!stolen) return abandon(std::move(stolen).error());
+      if (take_headroom(id)) {
+        // Headroom maps memory here already: the stolen granule's memory
+        // goes back rather than move (the same two calls, the same table).
+        release_handle(*stolen);
+        if (!for_slab) ++moved;
+        stitched = true;
+        continue;
+      }
       run_first = id;
       run.push_back(*stolen);
       if (!for_slab) ++moved;  // the move budget bounds churn; a slab moves once
       stitched = true;
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
+    } else if (take_headroom(id)) {
+      if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
+      --headroom_made;  // what the pool would have created now
+      headroom_calls -= 2;  // the create and the map it would have made
     } else {
       Expected<PhysicalHandle> fresh = device->create(granule);
       if (!fresh) {
@@ -275,11 +289,64 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       }
       run.push_back(*fresh);
       usage.reserved(granule);
+      created = true;
     }
   }
   if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
   if (stitched) ++stitches;
+  if (created && !for_slab) add_headroom(space, last);
   return {};
+}
+
+void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noexcept {
+  if (space.tag != pool::kUntagged || options.release_threshold != ExpandableOptions::kKeepAll || options.aliases) {
+    return;
+  }
+  const std::size_t want = granules.mapped() / expandable::kHeadroomShare;
+  const GranuleId first = last + 1, end = space.first + static_cast<GranuleId>(space.bytes / granule);
+  // Only past the top of the space's mapped memory, where a pass that
+  // outgrows the last one's peak goes.
+  if (first >= end || granules.mapped_run(first, end - 1, 1) != pool::kNoGranule) return;
+  const auto in_space = static_cast<std::size_t>(
+      std::distance(headroom.lower_bound(space.first), headroom.lower_bound(end)));
+  std::vector<PhysicalHandle> run;
+  for (GranuleId id = first; in_space + run.size() < want && id < end; ++id) {
+    if (headroom.contains(id) || alias_at.contains(id)) break;
+    if (mapped_bytes() + (run.size() + 1) * granule > bytes_limit) break;
+    Expected<PhysicalHandle> fresh = device->create(granule);
+    if (!fresh) break;  // the device or the ledger is short: no headroom, nothing fails
+    run.push_back(*fresh);
+    usage.reserved(granule);
+  }
+  if (run.empty()) return;
+  headroom_calls += 2 * static_cast<std::int64_t>(run.size());  // the creates, and the maps or releases
+  if (!device->map_many(address_of(first), granule, run)) {
+    for (PhysicalHandle handle : run) release_handle(handle);
+    return;
+  }
+  maps += static_cast<std::int64_t>(run.size());
+  for (std::size_t i = 0; i < run.size(); ++i) headroom.emplace(first + static_cast<GranuleId>(i), run[i]);
+  headroom_made += static_cast<std::int64_t>(run.size());
+}
+
+bool ExpandablePool::State::take_headroom(GranuleId id) noexcept {
+  if (headroom.empty()) return false;
+  const auto kept = headroom.find(id);
+  if (kept == headroom.end()) return false;
+  granules.set_mapped(id, kept->second);
+  headroom.erase(kept);
+  return true;
+}
+
+void ExpandablePool::State::drop_headroom() noexcept {
+  headroom_calls += 2 * static_cast<std::int64_t>(headroom.size());
+  for (const auto& [id, handle] : headroom) {
+    (void)device->unmap(address_of(id), granule);
+    ++unmaps;
+    (void)device->release(handle, granule);
+    usage.released(granule);
+  }
+  headroom.clear();
 }
 
 void ExpandablePool::State::unback(const Space& space, std::uintptr_t base, std::size_t bytes,
@@ -318,7 +385,7 @@ void ExpandablePool::State::reap() {
   std::uint64_t seen = calls;
   int quiet = 0;
   while (!stopping) {
-    if (table_current() && held.empty() && granules.free_count() == 0 && slab == nullptr) {
+    if (table_current() && held.empty() && granules.free_count() == 0 && headroom.empty() && slab == nullptr) {
       reaper_parked = true;  // nothing to release: wait for a free
       reaper_wake.wait(lock, [this] { return stopping || !reaper_parked; });
       seen = calls;
@@ -415,6 +482,7 @@ ExpandablePool::~ExpandablePool() {
   for (Stream stream : s.freeing_streams) (void)wait_for(*s.device, stream);
   for (std::size_t id = 1; id <= s.tags.size(); ++id) s.free_host(s.tags.at(static_cast<pool::TagId>(id)).host);
   s.drop_aliases();
+  s.drop_headroom();
   for (GranuleId id = 0; id < s.granules.size(); ++id) {
     if (!s.granules.is_mapped(id)) continue;
     (void)s.device->unmap(s.address_of(id), s.granule);
@@ -531,7 +599,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   }
   // A large untagged block the arena serves: logged while the plan learns.
   auto record = [&](void* ptr) __attribute__((always_inline)) {
-    if (large_untagged && s.may_be_lazy()) s.plan.record_alloc(ptr, rounded, stream, s.device_calls());
+    if (large_untagged && s.may_be_lazy()) s.plan.record_alloc(ptr, rounded, stream, s.plan_calls());
     return ptr;
   };
   if (large_untagged && !s.held.empty()) {
@@ -713,7 +781,7 @@ std::string ExpandablePool::dump() const {
                     ", in use " + format_bytes(static_cast<std::size_t>(s.usage.bytes_in_use)) + ", mapped " +
                     format_bytes(s.mapped_bytes()) + " (" + std::to_string(s.granules.mapped()) + " granules of " +
                     format_bytes(s.granule) + ", " + std::to_string(s.granules.free_count()) +
-                    " free), maps " + std::to_string(s.maps) + ", unmaps " + std::to_string(s.unmaps) +
+                    " free, and " + std::to_string(s.headroom.size()) + " of headroom), maps " + std::to_string(s.maps) + ", unmaps " + std::to_string(s.unmaps) +
                     ", stitches " + std::to_string(s.stitches) + ", releases " +
                     std::to_string(s.usage.num_device_frees) + "; granule table rebuilt from the arenas " +
                     std::to_string(s.rebuilds) + " times (lazy mode); " +

@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -62,6 +63,9 @@ inline constexpr std::size_t kLargeSpaceShares = 3;
 // in bulk (a new phase with other sizes) is still stitched.
 inline constexpr std::size_t kSlackShare = 64;
 inline constexpr std::size_t kWarmSlackShare = 8;
+// Headroom (ExpandablePool::State::headroom): granules mapped past the top of
+// a space, up to 1/512 of those mapped (0.2%), for the next pass's drift.
+inline constexpr std::size_t kHeadroomShare = 512;
 // Large blocks whose free is held back (see above). Enough for the large
 // blocks of a layer or two freed and asked for again in the same order.
 inline constexpr std::size_t kHeldBlocks = 16;
@@ -297,7 +301,8 @@ struct ExpandablePool::State {
   std::int64_t maps = 0, unmaps = 0, stitches = 0;  // releases: usage.num_device_frees
   std::int64_t moved = 0;  // granules stolen: at most the granules created (usage.num_device_allocs) below the limit
 
-  std::size_t mapped_bytes() const noexcept { return granules.mapped() * granule; }
+  /// Physical memory mapped: the table's granules and the headroom.
+  std::size_t mapped_bytes() const noexcept { return (granules.mapped() + headroom.size()) * granule; }
   std::size_t free_granule_bytes() const noexcept { return granules.free_count() * granule; }
   /// Free granules kept before stealing: 1/64 of those mapped, 1/8 once warm.
   std::size_t slack_granules() const noexcept {
@@ -374,6 +379,33 @@ struct ExpandablePool::State {
     (void)device->release(handle, granule);
     usage.released(granule);
   }
+
+  // --- headroom --------------------------------------------------------------
+  // A program's second pass is placed on a warm pool, not an empty one, and
+  // its peak may reach a few granules past the first pass's top: there it
+  // would create them. So when back() creates memory at the top of an
+  // untagged space, granules just above the block are created and mapped
+  // too, up to 1/512 of the table's granules in all. The table does not
+  // know them: placement, stealing and the slack see the pool as without
+  // them, so blocks are placed as they would be, and a block that lands on
+  // one takes it with no device call. They count as mapped against the
+  // limit; back() drops them all when a block would not fit otherwise, as
+  // release_free() (trim, idle release) does. None with a release threshold.
+  std::map<GranuleId, PhysicalHandle> headroom;
+  // The pool decides as it would without headroom: a granule back() would
+  // create, or steal, is taken from the headroom when it maps one there
+  // (the stolen granule's memory then goes back instead of moving). The
+  // move budget leaves out the creates the pool would not have made, and
+  // the step plan (which watches when the pool calls the device) sees the
+  // calls it would have made: headroom changes how many calls are made,
+  // never what the pool does.
+  std::int64_t headroom_made = 0;
+  std::int64_t headroom_calls = 0;  // made for the headroom, less those it saved
+  /// Maps back()'s granule `id` from the headroom, if it holds one there.
+  bool take_headroom(GranuleId id) noexcept;
+  /// After back() created memory for a block ending at `last`.
+  void add_headroom(const Space& space, GranuleId last) noexcept;
+  void drop_headroom() noexcept;
 
   // --- aliases (ExpandableOptions::aliases) ---------------------------------
   // A granule stolen stays mapped where it was too (Device::map maps a handle
@@ -460,6 +492,8 @@ struct ExpandablePool::State {
   std::size_t slab_bytes = 0;
   Stream slab_stream = 0;
   std::int64_t device_calls() const noexcept { return maps + unmaps + usage.num_device_allocs + usage.num_device_frees; }
+  /// device_calls() as a pool without headroom would have made them (the step plan's signal).
+  std::int64_t plan_calls() const noexcept { return device_calls() - headroom_calls; }
   bool in_slab(std::uintptr_t address) const noexcept {
     return slab != nullptr && address - reinterpret_cast<std::uintptr_t>(slab) < slab_bytes;
   }

@@ -442,6 +442,63 @@ TEST(ExpandablePool, AWarmPoolCreatesForDriftAndStitchesWhatLiesFreeInBulk) {
   }
 }
 
+// Headroom (docs/expandable.md, "Headroom"): growing past the top of its
+// mapped memory, the pool maps 1/512 of its granules more there, which the
+// granule table does not count: blocks are placed as they would be without
+// it, and one placed there maps nothing. At the limit it gives way; trim
+// gives it back; a pool with a release threshold keeps none.
+TEST(ExpandablePool, HeadroomPastTheTopServesTheNextBlockAndGivesWayAtTheLimit) {
+  {
+    auto device = host_device(4 * GiB);
+    auto pool = expandable(device);
+    void* big = must_allocate(*pool, 2 * GiB);
+    const Stats grown = pool->stats();
+    EXPECT_EQ(grown.bytes_mapped, static_cast<std::int64_t>(2 * GiB + 4 * MiB));  // 1,024 granules, 2 more
+    EXPECT_EQ(grown.bytes_reserved, grown.bytes_mapped);
+    EXPECT_EQ(grown.granules_free, 0);
+    void* next = must_allocate(*pool, 4 * MiB);  // the top's free range: on the headroom
+    EXPECT_EQ(static_cast<char*>(next), static_cast<char*>(big) + 2 * GiB);
+    const Stats took = pool->stats();
+    EXPECT_EQ(took.num_maps, grown.num_maps);
+    EXPECT_EQ(took.num_device_allocs, grown.num_device_allocs);
+    EXPECT_EQ(took.bytes_mapped, grown.bytes_mapped);
+    std::memset(next, 0x5a, 4 * MiB);
+    ASSERT_TRUE(pool->deallocate(next));
+    ASSERT_TRUE(pool->deallocate(big));
+    const MemInfo before = device->mem_info();
+    EXPECT_EQ(pool->trim(), 2 * GiB + 4 * MiB);
+    EXPECT_EQ(pool->stats().bytes_mapped, 0);
+    EXPECT_EQ(device->mem_info().free_bytes, before.free_bytes + 2 * GiB + 4 * MiB);
+  }
+  {
+    // The headroom fills the pool's limit: a small block, which needs a
+    // granule of its own, still fits (the headroom goes back, no OOM; the
+    // small blocks' space then has a granule of headroom, in what is left).
+    auto device = host_device(2 * GiB + 4 * MiB);
+    auto pool = expandable(device);
+    void* big = must_allocate(*pool, 2 * GiB);
+    ASSERT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(2 * GiB + 4 * MiB));
+    void* small = must_allocate(*pool, 64 * KiB);
+    const Stats after = pool->stats();
+    EXPECT_EQ(after.num_ooms, 0);
+    EXPECT_EQ(after.num_releases, 2);
+    EXPECT_EQ(after.num_unmaps, 2);
+    EXPECT_EQ(after.bytes_mapped, static_cast<std::int64_t>(2 * GiB + 4 * MiB));
+    EXPECT_EQ(after.granules_free, 0);
+    std::memset(small, 0x5a, 64 * KiB);
+    ASSERT_TRUE(pool->deallocate(small));
+    ASSERT_TRUE(pool->deallocate(big));
+  }
+  {
+    ExpandableOptions options;
+    options.release_threshold = 0;
+    auto pool = expandable(host_device(4 * GiB), options);
+    void* big = must_allocate(*pool, 2 * GiB);
+    EXPECT_EQ(pool->stats().bytes_mapped, static_cast<std::int64_t>(2 * GiB));
+    ASSERT_TRUE(pool->deallocate(big));
+  }
+}
+
 TEST(ExpandablePool, ReleaseThresholdBoundsTheCachedGranules) {
   auto device = host_device(1 * GiB);
   ExpandableOptions options;
