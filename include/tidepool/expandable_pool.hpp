@@ -31,7 +31,9 @@ struct ExpandableOptions {
   /// After a free, fully free granules beyond this many bytes are unmapped and
   /// handed back to the device, oldest first (TIDEPOOL_RELEASE_THRESHOLD).
   /// kKeepAll keeps them cached until trim(); 0 hands each back as soon as it
-  /// empties.
+  /// empties. With a threshold the pool also keeps no headroom (granules
+  /// mapped past the top of what it uses, for a pass that outgrows the last
+  /// one's peak: docs/expandable.md, "Headroom past the top").
   std::size_t release_threshold = kKeepAll;
   /// Once the pool has had no allocate or free for this long, it releases
   /// every free granule, as trim() does (TIDEPOOL_IDLE_RELEASE): an idle
