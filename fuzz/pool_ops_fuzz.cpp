@@ -89,13 +89,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const Mode mode = modes[in.next() % modes.size()];
   fuzzed_mode = mode;
 
-  auto device = HostDevice::create({.capacity = 64 * MiB, .granularity = 2 * MiB, .name = "fuzz"});
+  // The release threshold (expandable, cuda_async): keep all, none, or 8 MiB;
+  // whether an expandable pool keeps stolen granules mapped (aliases); and
+  // the device's granularity: 2 MiB, or 64 KiB, where 64 MiB is 1,024
+  // granules and the expandable pool keeps headroom past its top once it
+  // maps 512 of them.
+  const std::uint8_t settings = in.next();
+  const std::size_t granule = settings / 6 % 2 == 1 ? 64 * KiB : 2 * MiB;
+  auto device = HostDevice::create({.capacity = 64 * MiB, .granularity = granule, .name = "fuzz"});
   require(device.has_value());
   const std::size_t device_free_at_start = (*device)->mem_info().free_bytes;
   Config config;
-  // The release threshold (expandable, cuda_async): keep all, none, or 8 MiB;
-  // and whether an expandable pool keeps stolen granules mapped (aliases).
-  const std::uint8_t settings = in.next();
   const std::uint8_t release = settings % 3;
   if (release != 0) config.release_threshold = {std::optional<std::size_t>(release == 1 ? 0 : 8 * MiB)};
   config.aliases.value = settings / 3 % 2 == 1;
@@ -148,7 +152,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         // Stitching: an OOM only when free granules and room to map more
         // cannot cover the granules the block spans (at most one more
         // than its size in granules).
-        constexpr std::int64_t G = 2 * MiB;
+        const auto G = static_cast<std::int64_t>(granule);
         const std::int64_t room = (before.bytes_limit - before.bytes_mapped) / G;
         const auto spans = static_cast<std::int64_t>((bytes + G - 1) / G) + 1;
         require(bytes > static_cast<std::size_t>(before.bytes_limit) || spans > before.granules_free + room);
@@ -272,7 +276,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (mode == Mode::expandable) {
       require(stats.bytes_mapped == stats.bytes_reserved);
       require(stats.bytes_mapped <= stats.bytes_limit);
-      require(stats.granules_free * static_cast<std::int64_t>(2 * MiB) <=
+      require(stats.granules_free * static_cast<std::int64_t>(granule) <=
               stats.bytes_mapped + stats.bytes_asleep - stats.bytes_in_use);
       require(static_cast<std::size_t>(stats.bytes_mapped) == (*device)->mem_info().total_bytes -
                                                                  (*device)->mem_info().free_bytes);

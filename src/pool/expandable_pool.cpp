@@ -4,6 +4,7 @@
 #include "tidepool/expandable_pool.hpp"
 
 #include <algorithm>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -307,11 +308,18 @@ void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noe
   // Only past the top of the space's mapped memory, where a pass that
   // outgrows the last one's peak goes.
   if (first >= end || granules.mapped_run(first, end - 1, 1) != pool::kNoGranule) return;
-  const auto in_space = static_cast<std::size_t>(
-      std::distance(headroom.lower_bound(space.first), headroom.lower_bound(end)));
+  const auto below = std::lower_bound(headroom.begin(), headroom.end(), Kept{space.first, 0});
+  const auto in_space = static_cast<std::size_t>(std::lower_bound(below, headroom.end(), Kept{end, 0}) - below);
+  if (in_space >= want) return;
   std::vector<PhysicalHandle> run;
+  try {  // every allocation before the first device call: none after it can fail
+    run.reserve(want - in_space);
+    headroom.reserve(headroom.size() + want - in_space);
+  } catch (const std::bad_alloc&) {
+    return;  // headroom is an optimization
+  }
   for (GranuleId id = first; in_space + run.size() < want && id < end; ++id) {
-    if (headroom.contains(id) || alias_at.contains(id)) break;
+    if (std::binary_search(headroom.begin(), headroom.end(), Kept{id, 0}) || alias_at.contains(id)) break;
     if (mapped_bytes() + (run.size() + 1) * granule > bytes_limit) break;
     Expected<PhysicalHandle> fresh = device->create(granule);
     if (!fresh) break;  // the device or the ledger is short: no headroom, nothing fails
@@ -325,25 +333,26 @@ void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noe
     return;
   }
   maps += static_cast<std::int64_t>(run.size());
-  for (std::size_t i = 0; i < run.size(); ++i) headroom.emplace(first + static_cast<GranuleId>(i), run[i]);
+  auto at = std::lower_bound(headroom.begin(), headroom.end(), Kept{first, 0});
+  for (std::size_t i = 0; i < run.size(); ++i) at = headroom.insert(at, Kept{first + static_cast<GranuleId>(i), run[i]}) + 1;
   headroom_made += static_cast<std::int64_t>(run.size());
 }
 
 bool ExpandablePool::State::take_headroom(GranuleId id) noexcept {
   if (headroom.empty()) return false;
-  const auto kept = headroom.find(id);
-  if (kept == headroom.end()) return false;
-  granules.set_mapped(id, kept->second);
+  const auto kept = std::lower_bound(headroom.begin(), headroom.end(), Kept{id, 0});
+  if (kept == headroom.end() || kept->id != id) return false;
+  granules.set_mapped(id, kept->handle);
   headroom.erase(kept);
   return true;
 }
 
 void ExpandablePool::State::drop_headroom() noexcept {
   headroom_calls += 2 * static_cast<std::int64_t>(headroom.size());
-  for (const auto& [id, handle] : headroom) {
-    (void)device->unmap(address_of(id), granule);
+  for (const Kept& kept : headroom) {
+    (void)device->unmap(address_of(kept.id), granule);
     ++unmaps;
-    (void)device->release(handle, granule);
+    (void)device->release(kept.handle, granule);
     usage.released(granule);
   }
   headroom.clear();
@@ -781,7 +790,8 @@ std::string ExpandablePool::dump() const {
                     ", in use " + format_bytes(static_cast<std::size_t>(s.usage.bytes_in_use)) + ", mapped " +
                     format_bytes(s.mapped_bytes()) + " (" + std::to_string(s.granules.mapped()) + " granules of " +
                     format_bytes(s.granule) + ", " + std::to_string(s.granules.free_count()) +
-                    " free, and " + std::to_string(s.headroom.size()) + " of headroom), maps " + std::to_string(s.maps) + ", unmaps " + std::to_string(s.unmaps) +
+                    " free, and " + std::to_string(s.headroom.size()) + " of headroom), maps " +
+                    std::to_string(s.maps) + ", unmaps " + std::to_string(s.unmaps) +
                     ", stitches " + std::to_string(s.stitches) + ", releases " +
                     std::to_string(s.usage.num_device_frees) + "; granule table rebuilt from the arenas " +
                     std::to_string(s.rebuilds) + " times (lazy mode); " +

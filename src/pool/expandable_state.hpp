@@ -28,7 +28,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -391,7 +390,12 @@ struct ExpandablePool::State {
   // one takes it with no device call. They count as mapped against the
   // limit; back() drops them all when a block would not fit otherwise, as
   // release_free() (trim, idle release) does. None with a release threshold.
-  std::map<GranuleId, PhysicalHandle> headroom;
+  struct Kept {
+    GranuleId id;
+    PhysicalHandle handle;
+    bool operator<(const Kept& other) const noexcept { return id < other.id; }
+  };
+  std::vector<Kept> headroom;  // by granule; a few per space
   // The pool decides as it would without headroom: a granule back() would
   // create, or steal, is taken from the headroom when it maps one there
   // (the stolen granule's memory then goes back instead of moving). The
