@@ -303,11 +303,13 @@ void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noe
   if (space.tag != pool::kUntagged || options.release_threshold != ExpandableOptions::kKeepAll || options.aliases) {
     return;
   }
-  const std::size_t want = granules.mapped() / expandable::kHeadroomShare;
   const GranuleId first = last + 1, end = space.first + static_cast<GranuleId>(space.bytes / granule);
   // Only past the top of the space's mapped memory, where a pass that
-  // outgrows the last one's peak goes.
+  // outgrows the last one's peak goes; in each space, 1/512 of the pool's
+  // mapped granules (the small blocks' space maps few, and drifts as far:
+  // 1/512 of its own served small-tensors' draws less well).
   if (first >= end || granules.mapped_run(first, end - 1, 1) != pool::kNoGranule) return;
+  const std::size_t want = granules.mapped() / expandable::kHeadroomShare;
   const auto below = std::lower_bound(headroom.begin(), headroom.end(), Kept{space.first, 0});
   const auto in_space = static_cast<std::size_t>(std::lower_bound(below, headroom.end(), Kept{end, 0}) - below);
   if (in_space >= want) return;

@@ -63,7 +63,8 @@ inline constexpr std::size_t kLargeSpaceShares = 3;
 inline constexpr std::size_t kSlackShare = 64;
 inline constexpr std::size_t kWarmSlackShare = 8;
 // Headroom (ExpandablePool::State::headroom): granules mapped past the top of
-// a space, up to 1/512 of those mapped (0.2%), for the next pass's drift.
+// each space, up to 1/512 of the pool's mapped granules there (0.2%; two
+// spaces, 0.4% at most), for the next pass's drift.
 inline constexpr std::size_t kHeadroomShare = 512;
 // Large blocks whose free is held back (see above). Enough for the large
 // blocks of a layer or two freed and asked for again in the same order.
@@ -384,7 +385,7 @@ struct ExpandablePool::State {
   // its peak may reach a few granules past the first pass's top: there it
   // would create them. So when back() creates memory at the top of an
   // untagged space, granules just above the block are created and mapped
-  // too, up to 1/512 of the table's granules in all. The table does not
+  // too, in each space up to 1/512 of the table's granules. The table does not
   // know them: placement, stealing and the slack see the pool as without
   // them, so blocks are placed as they would be, and a block that lands on
   // one takes it with no device call. They count as mapped against the

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -205,6 +206,39 @@ TEST(SteadyState, WithAliasesEveryBlockKeepsItsContents) {
 // was exact, and not in pass 2, once lazy; or a pass's last frees (its
 // weights, asked for by nobody) turned holding back off. Their second pass
 // made 16 to 46 device calls; now none.
+// Headroom past the top (docs/expandable.md, How it works): multi-stream-
+// inference at one step steals nothing in its first pass, yet its second,
+// placed on a full pool rather than an empty one, peaks a few granules past
+// the first's top. Without headroom (a release threshold turns it off; this
+// one is never reached) the pool creates them there in pass 2; with it, pass
+// 2 makes no device call, and the first pass's peak is at most 1/256 of its
+// granules higher (1/512 in each of the two spaces).
+TEST(SteadyState, HeadroomServesASecondPassThatPeaksPastTheFirst) {
+  WorkloadOptions workload;
+  workload.steps = 1;
+  auto trace = make_workload("multi-stream-inference", workload);
+  ASSERT_TRUE(trace) << trace.error().message();
+  std::size_t peak[2] = {0, 0};
+  for (const bool headroom : {false, true}) {
+    SCOPED_TRACE(headroom ? "with headroom" : "without");
+    ReplayOptions options;
+    options.config.mem_fraction.value = 1.0;
+    if (!headroom) options.config.release_threshold.value = std::optional<std::size_t>(1024 * GiB);
+    options.passes = 2;
+    auto result = replay_mode(*trace, Mode::expandable, options);
+    ASSERT_TRUE(result) << result.error().message();
+    const DeviceCalls& calls = result->passes[1].device_calls;
+    if (headroom) {
+      EXPECT_EQ(memory_calls(calls), 0u) << memory_calls_text(calls);
+    } else {
+      EXPECT_GT(calls.creates, 0u) << memory_calls_text(calls);
+    }
+    peak[headroom] = result->passes[0].peak_reserved_bytes;
+  }
+  EXPECT_GE(peak[1], peak[0]);
+  EXPECT_LE(peak[1] - peak[0], peak[0] / 256 + 2 * (2 * MiB));
+}
+
 TEST(SteadyState, ATrainingProgramIsPlacedAsItWasTheLastTime) {
   for (const auto& [seed, steps] : {std::pair{5, 0}, std::pair{7, 1}, std::pair{6, 2}, std::pair{8, 2}}) {
     SCOPED_TRACE("train-step, seed " + std::to_string(seed) + ", steps " + std::to_string(steps));
