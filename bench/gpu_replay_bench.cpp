@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
         all->modes.push_back(std::move(replayed->modes.front()));
       }
     }
-    std::printf("%s\n%s\n", report::replay_table(*all).c_str(), report::passes_table(*all).c_str());
+    std::printf("%s\n", report::replay_table(*all).c_str());
+    if (const std::string each = report::passes_table(*all); !each.empty()) std::printf("%s\n", each.c_str());
     replays.push_back(std::move(*all));
   }
   if (!json_path.empty()) {
