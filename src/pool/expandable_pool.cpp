@@ -83,7 +83,7 @@ void ExpandablePool::State::drop_alias(GranuleId id) noexcept {
   if (found == alias_at.end()) return;
   const PhysicalHandle handle = found->second;
   alias_at.erase(found);
-  unmap_alias(id);
+  unmap_untracked(id);
   Aliased& aliased = aliases.at(handle);
   std::erase(aliased.elsewhere, id);
   if (aliased.elsewhere.empty()) aliases.erase(handle);
@@ -93,14 +93,14 @@ void ExpandablePool::State::drop_aliases_of(PhysicalHandle handle) noexcept {
   const auto found = aliases.find(handle);
   if (found == aliases.end()) return;
   for (const GranuleId id : found->second.elsewhere) {
-    unmap_alias(id);
+    unmap_untracked(id);
     alias_at.erase(id);
   }
   aliases.erase(found);
 }
 
 void ExpandablePool::State::drop_aliases() noexcept {
-  for (const auto& [id, handle] : alias_at) unmap_alias(id);
+  for (const auto& [id, handle] : alias_at) unmap_untracked(id);
   alias_at.clear();
   aliases.clear();
 }
@@ -263,18 +263,16 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
       Expected<PhysicalHandle> stolen = steal_free(granules.highest_free());
       if (!stolen) return abandon(std::move(stolen).error());
+      if (!for_slab) ++moved;  // the move budget bounds churn; a slab moves once
+      stitched = true;
       if (take_headroom(id)) {
         // Headroom maps memory here already: the stolen granule's memory
         // goes back rather than move (the same two calls, the same table).
         release_handle(*stolen);
-        if (!for_slab) ++moved;
-        stitched = true;
         continue;
       }
       run_first = id;
       run.push_back(*stolen);
-      if (!for_slab) ++moved;  // the move budget bounds churn; a slab moves once
-      stitched = true;
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
     } else if (take_headroom(id)) {
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
@@ -320,8 +318,10 @@ void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noe
   } catch (const std::bad_alloc&) {
     return;  // headroom is an optimization
   }
-  for (GranuleId id = first; in_space + run.size() < want && id < end; ++id) {
-    if (std::binary_search(headroom.begin(), headroom.end(), Kept{id, 0}) || alias_at.contains(id)) break;
+  // Up to the headroom already kept above (stranded there when the top came down).
+  auto at = std::lower_bound(headroom.begin(), headroom.end(), Kept{first, 0});
+  const GranuleId stop = at != headroom.end() ? std::min(end, at->id) : end;
+  for (GranuleId id = first; in_space + run.size() < want && id < stop; ++id) {
     if (mapped_bytes() + (run.size() + 1) * granule > bytes_limit) break;
     Expected<PhysicalHandle> fresh = device->create(granule);
     if (!fresh) break;  // the device or the ledger is short: no headroom, nothing fails
@@ -329,15 +329,14 @@ void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noe
     usage.reserved(granule);
   }
   if (run.empty()) return;
+  headroom_made += static_cast<std::int64_t>(run.size());
   headroom_calls += 2 * static_cast<std::int64_t>(run.size());  // the creates, and the maps or releases
   if (!device->map_many(address_of(first), granule, run)) {
     for (PhysicalHandle handle : run) release_handle(handle);
     return;
   }
   maps += static_cast<std::int64_t>(run.size());
-  auto at = std::lower_bound(headroom.begin(), headroom.end(), Kept{first, 0});
   for (std::size_t i = 0; i < run.size(); ++i) at = headroom.insert(at, Kept{first + static_cast<GranuleId>(i), run[i]}) + 1;
-  headroom_made += static_cast<std::int64_t>(run.size());
 }
 
 bool ExpandablePool::State::take_headroom(GranuleId id) noexcept {
@@ -352,10 +351,8 @@ bool ExpandablePool::State::take_headroom(GranuleId id) noexcept {
 void ExpandablePool::State::drop_headroom() noexcept {
   headroom_calls += 2 * static_cast<std::int64_t>(headroom.size());
   for (const Kept& kept : headroom) {
-    (void)device->unmap(address_of(kept.id), granule);
-    ++unmaps;
-    (void)device->release(kept.handle, granule);
-    usage.released(granule);
+    unmap_untracked(kept.id);
+    release_handle(kept.handle);
   }
   headroom.clear();
 }

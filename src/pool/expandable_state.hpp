@@ -400,7 +400,9 @@ struct ExpandablePool::State {
   // The pool decides as it would without headroom: a granule back() would
   // create, or steal, is taken from the headroom when it maps one there
   // (the stolen granule's memory then goes back instead of moving). The
-  // move budget leaves out the creates the pool would not have made, and
+  // move budget leaves out the creates the pool would not have made
+  // (headroom_made: created for headroom, less those taken instead of a
+  // create), and
   // the step plan (which watches when the pool calls the device) sees the
   // calls it would have made: headroom changes how many calls are made,
   // never what the pool does.
@@ -474,8 +476,9 @@ struct ExpandablePool::State {
   }
   /// Unmaps the alias at `id` (not a granule the table has mapped).
   void drop_alias(GranuleId id) noexcept;
-  /// The device call of every drop: the mapping at alias `id` goes.
-  void unmap_alias(GranuleId id) noexcept {
+  /// The device call of every drop of a mapping the table does not count
+  /// (an alias, or headroom): the mapping at `id` goes.
+  void unmap_untracked(GranuleId id) noexcept {
     (void)device->unmap(address_of(id), granule);
     ++unmaps;
   }
