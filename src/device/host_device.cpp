@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/process.hpp"
 #include "device/extent_allocator.hpp"
 #include "tidepool/units.hpp"
 
@@ -83,6 +84,7 @@ struct HostDevice::State {
   };
 
   HostDeviceOptions options;
+  MakerProcess maker;  // a forked child may not touch the parent's memfd (core/process.hpp)
   std::size_t page_size = 0;
   std::size_t kernel_limit = 0;  // vm.max_map_count when read
   int memfd = -1;
@@ -103,6 +105,10 @@ struct HostDevice::State {
       : options(device_options), offsets(device_options.capacity) {}
 
   std::string who() const { return "host device \"" + options.name + "\""; }
+  /// In a forked child: the memfd's memory is the parent's (MAP_SHARED), so
+  /// memory made, mapped, copied into or released there would be the
+  /// parent's too; as a GPU's context, the device is refused there.
+  Error refused_in_child() const { return maker.refusal(who()); }
 
   /// The physical memory `handle` names, created with `bytes`. Errors lead
   /// with "<call> of handle N"; a handle released already is `released`
@@ -251,6 +257,7 @@ std::string HostDevice::description() const {
 
 Expected<void*> HostDevice::allocate(std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.refused_in_child();
   if (bytes == 0) return Error(Errc::invalid_argument, s.who() + ": allocate of 0 bytes");
   std::lock_guard lock(s.mutex);
   if (bytes > s.free_bytes()) return s.out_of_memory(bytes);
@@ -274,6 +281,7 @@ Expected<void*> HostDevice::allocate(std::size_t bytes) {
 Status HostDevice::free(void* ptr, std::size_t bytes) {
   State& s = *state_;
   if (ptr == nullptr) return {};  // as cudaFree(nullptr)
+  if (s.maker.forked()) return {};  // the child's copy goes when it exits or execs
   std::lock_guard lock(s.mutex);
   auto found = s.plain.find(ptr);
   if (found == s.plain.end()) {
@@ -296,6 +304,7 @@ Status HostDevice::free(void* ptr, std::size_t bytes) {
 }
 
 MemInfo HostDevice::mem_info() const {
+  if (state_->maker.forked()) return MemInfo{0, state_->options.capacity};  // none of it is the child's
   std::lock_guard lock(state_->mutex);
   return MemInfo{state_->free_bytes(), state_->options.capacity};
 }
@@ -304,6 +313,7 @@ std::size_t HostDevice::granularity() const { return state_->options.granularity
 
 Expected<void*> HostDevice::reserve(std::size_t va_bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.refused_in_child();
   const std::size_t g = s.options.granularity;
   if (va_bytes == 0 || va_bytes % g != 0) {
     return Error(Errc::invalid_argument, s.who() + ": reserve of " + std::to_string(va_bytes) +
@@ -341,6 +351,7 @@ Expected<void*> HostDevice::reserve(std::size_t va_bytes) {
 
 Status HostDevice::unreserve(void* va, std::size_t va_bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the child's copy goes when it exits or execs
   const auto base = reinterpret_cast<std::uintptr_t>(va);
   std::lock_guard lock(s.mutex);
   auto found = s.reservations.find(base);
@@ -370,6 +381,7 @@ Status HostDevice::unreserve(void* va, std::size_t va_bytes) {
 
 Expected<PhysicalHandle> HostDevice::create(std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.refused_in_child();
   const std::size_t g = s.options.granularity;
   if (bytes == 0 || bytes % g != 0) {
     return Error(Errc::invalid_argument, s.who() + ": create of " + std::to_string(bytes) +
@@ -393,6 +405,7 @@ Status HostDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
 
 Status HostDevice::map_many(void* va, std::size_t bytes, std::span<const PhysicalHandle> handles) {
   State& s = *state_;
+  if (s.maker.forked()) return s.refused_in_child();
   const auto address = reinterpret_cast<std::uintptr_t>(va);
   const std::size_t total = bytes * handles.size();
   std::lock_guard lock(s.mutex);
@@ -479,6 +492,7 @@ Status HostDevice::map_many(void* va, std::size_t bytes, std::span<const Physica
 
 Status HostDevice::unmap(void* va, std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the child's copy goes when it exits or execs
   const auto address = reinterpret_cast<std::uintptr_t>(va);
   std::lock_guard lock(s.mutex);
   auto found = s.maps.find(address);
@@ -515,6 +529,7 @@ Status HostDevice::unmap(void* va, std::size_t bytes) {
 
 Status HostDevice::release(PhysicalHandle handle, std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.refused_in_child();  // a punched hole would be the parent's
   std::lock_guard lock(s.mutex);
   Expected<State::Physical*> physical = s.created(handle, bytes, "release", Errc::double_free);
   if (!physical) return std::move(physical).error();
@@ -565,16 +580,19 @@ Status HostDevice::free_host(void* ptr, std::size_t bytes) {
 }
 
 Status HostDevice::copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (state_->maker.forked()) return state_->refused_in_child();
   std::memcpy(host_dst, device_src, bytes);
   return {};
 }
 
 Status HostDevice::copy_from_host(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (state_->maker.forked()) return state_->refused_in_child();
   std::memcpy(device_dst, host_src, bytes);
   return {};
 }
 
 std::size_t HostDevice::mapping_count() const {
+  if (state_->maker.forked()) return 0;
   std::lock_guard lock(state_->mutex);
   return state_->mappings;
 }

@@ -5,6 +5,7 @@
 
 #include <mutex>
 
+#include "core/process.hpp"
 #include "pool/best_fit_arena.hpp"
 #include "pool/usage_counters.hpp"
 #include "tidepool/units.hpp"
@@ -21,6 +22,7 @@ struct BestFitPool::State {
       : device(std::move(device_in)), preallocate(preallocate_in), bytes_limit(limit), arena(*device) {}
 
   std::shared_ptr<Device> device;
+  MakerProcess maker;  // a forked child leaves the pool alone (core/process.hpp)
   const bool preallocate;
   const std::size_t bytes_limit;  // a multiple of kChunkGranule
   mutable std::mutex mutex;
@@ -150,6 +152,11 @@ Expected<std::unique_ptr<BestFitPool>> BestFitPool::create(std::shared_ptr<Devic
 BestFitPool::BestFitPool(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 BestFitPool::~BestFitPool() {
+  // In a forked child the regions and the lock are the parent's: nothing to give back.
+  if (state_->maker.forked()) {
+    (void)state_.release();  // a leak in the child only
+    return;
+  }
   // As BFC: every region goes back, whatever is still in use in it.
   for (const pool::MemoryRange& region : state_->arena.regions()) {
     (void)state_->device->free(region.base, region.bytes);
@@ -163,6 +170,7 @@ Device& BestFitPool::device() const { return *state_->device; }
 Expected<void*> BestFitPool::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return static_cast<void*>(nullptr);
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal("the " + std::string(name()) + " pool");
   std::lock_guard lock(s.mutex);
   if (bytes > s.bytes_limit) return s.out_of_memory(bytes, bytes);
   const std::size_t rounded = round_up(bytes, pool::kChunkGranule);
@@ -195,6 +203,7 @@ Expected<void*> BestFitPool::allocate(std::size_t bytes, Stream stream) {
 Status BestFitPool::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return {};
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the block is the parent's: the child leaves it alone
   std::lock_guard lock(s.mutex);
   Expected<std::size_t> freed = s.arena.free(ptr, stream);
   if (!freed) return std::move(freed).error();
@@ -204,6 +213,7 @@ Status BestFitPool::deallocate(void* ptr, Stream stream) {
 
 Stats BestFitPool::stats() const {
   const State& s = *state_;
+  if (s.maker.forked()) return {};  // a forked child holds none of it
   std::lock_guard lock(s.mutex);
   Stats stats = s.usage.to_stats();
   stats.bytes_limit = static_cast<std::int64_t>(s.bytes_limit);
@@ -212,12 +222,14 @@ Stats BestFitPool::stats() const {
 }
 
 std::size_t BestFitPool::trim() {
+  if (state_->maker.forked()) return 0;
   std::lock_guard lock(state_->mutex);
   return state_->release_free_regions();
 }
 
 std::string BestFitPool::dump() const {
   const State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal("the " + std::string(name()) + " pool").message() + "\n";
   std::lock_guard lock(s.mutex);
   std::string out = "best-fit pool \"" + std::string(name()) + "\" on " + s.device->description() + ": limit " +
                     format_bytes(s.bytes_limit) + ", in use " +

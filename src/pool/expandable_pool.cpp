@@ -481,6 +481,12 @@ Expected<std::unique_ptr<ExpandablePool>> ExpandablePool::create(std::shared_ptr
 ExpandablePool::ExpandablePool(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 ExpandablePool::~ExpandablePool() {
+  // In a forked child the memory, the lock and the reaper's thread are the
+  // parent's: the child joins no thread it does not have and releases nothing.
+  if (state_->maker.forked()) {
+    (void)state_.release();  // a leak in the child only
+    return;
+  }
   // As BFC: everything goes back, whatever is still in use. Unlike cudaFree,
   // cuMemUnmap does not wait for work queued on the memory (PyTorch's
   // expandable segments synchronize before unmapping for this reason), so
@@ -585,6 +591,7 @@ Expected<pool::PlacedBlock> ExpandablePool::State::place_in_more_space(pool::Bes
 Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return static_cast<void*>(nullptr);
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal("the expandable pool");
   std::lock_guard lock(s.mutex);
   ++s.calls;
   if (bytes > s.bytes_limit) return s.out_of_memory(bytes, bytes, bytes / s.granule + 1);
@@ -677,6 +684,7 @@ Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
 Status ExpandablePool::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return {};
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the block is the parent's: the child leaves it alone
   std::lock_guard lock(s.mutex);
   ++s.calls;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
@@ -753,6 +761,7 @@ std::size_t ExpandablePool::State::free_granules_with_held() const {
 
 Stats ExpandablePool::stats() const {
   State& s = *state_;
+  if (s.maker.forked()) return {};  // a forked child holds none of it
   std::lock_guard lock(s.mutex);
   s.sync_granules();
   Stats stats = s.usage.to_stats();
@@ -772,6 +781,7 @@ Stats ExpandablePool::stats() const {
 }
 
 std::size_t ExpandablePool::trim() {
+  if (state_->maker.forked()) return 0;
   std::lock_guard lock(state_->mutex);
   // Host copies kept by awake tags for their next sleep go too.
   for (std::size_t id = 1; id <= state_->tags.size(); ++id) {
@@ -783,6 +793,7 @@ std::size_t ExpandablePool::trim() {
 
 std::string ExpandablePool::dump() const {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal("the expandable pool").message() + "\n";
   std::lock_guard lock(s.mutex);
   s.sync_granules();
   std::string out = "expandable pool on " + s.device->description() + ": limit " + format_bytes(s.bytes_limit) +

@@ -256,6 +256,7 @@ Status ExpandablePool::tag_begin(std::string_view name) {
                                              " bytes");
   }
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal("the expandable pool");
   pool::TagId id = pool::kUntagged;
   {
     std::lock_guard lock(s.mutex);
@@ -278,6 +279,7 @@ Status ExpandablePool::tag_end() {
 
 Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal("the expandable pool");
   Expected<pool::Tag*> found = s.begin_change("sleep", name, pool::TagPhase::awake, pool::TagPhase::falling_asleep);
   if (!found) return std::move(found).error();
   pool::Tag& tag = **found;
@@ -355,6 +357,7 @@ Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
 
 Status ExpandablePool::wake(std::string_view name) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal("the expandable pool");
   Expected<pool::Tag*> found = s.begin_change("wake", name, pool::TagPhase::asleep, pool::TagPhase::waking);
   if (!found) return std::move(found).error();
   pool::Tag& tag = **found;
@@ -388,6 +391,7 @@ Status ExpandablePool::wake(std::string_view name) {
 
 std::vector<TagStats> ExpandablePool::tag_stats() const {
   State& s = *state_;
+  if (s.maker.forked()) return {};
   std::lock_guard lock(s.mutex);
   std::vector<TagStats> out;
   for (std::size_t id = 1; id <= s.tags.size(); ++id) {

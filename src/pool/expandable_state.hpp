@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/process.hpp"
 #include "pool/best_fit_arena.hpp"
 #include "pool/granule_table.hpp"
 #include "pool/sleep_tags.hpp"
@@ -194,6 +195,7 @@ struct ExpandablePool::State {
   };
 
   std::shared_ptr<Device> device;
+  MakerProcess maker;  // a forked child leaves the pool alone (core/process.hpp)
   const ExpandableOptions options;
   const std::size_t granule;
   const unsigned granule_shift;  // granule is a power of two: a shift, not a division, on the hot path

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/process.hpp"
 #include "pool/live_blocks.hpp"
 #include "pool/usage_counters.hpp"
 #include "tidepool/units.hpp"
@@ -19,6 +20,7 @@ constexpr std::size_t kStatsGranule = kMinAlignment;
 }  // namespace
 
 struct PassthroughPool::State {
+  MakerProcess maker;  // a forked child leaves the pool alone (core/process.hpp)
   std::size_t bytes_limit = 0;
   mutable std::mutex mutex;
   pool::LiveBlocks live;  // bytes as passed to Device::allocate
@@ -31,12 +33,17 @@ PassthroughPool::PassthroughPool(std::shared_ptr<Device> device)
 }
 
 PassthroughPool::~PassthroughPool() {
+  if (state_->maker.forked()) {  // the blocks and the lock are the parent's
+    (void)state_.release();      // a leak in the child only
+    return;
+  }
   for (const auto& [ptr, live] : state_->live.map()) (void)device_->free(ptr, live.bytes);
 }
 
 Expected<void*> PassthroughPool::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return static_cast<void*>(nullptr);
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal("the platform allocator");
   std::lock_guard lock(s.mutex);
   const std::size_t rounded = bytes > s.bytes_limit ? bytes : round_up(bytes, kStatsGranule);
   const auto in_use = static_cast<std::size_t>(s.usage.bytes_in_use);
@@ -74,6 +81,7 @@ Expected<void*> PassthroughPool::allocate(std::size_t bytes, Stream stream) {
 Status PassthroughPool::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return {};
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the block is the parent's: the child leaves it alone
   std::lock_guard lock(s.mutex);
   auto found = s.live.find(ptr, "platform allocator");
   if (!found) return std::move(found).error();
@@ -91,6 +99,7 @@ Status PassthroughPool::deallocate(void* ptr, Stream stream) {
 }
 
 Stats PassthroughPool::stats() const {
+  if (state_->maker.forked()) return {};  // a forked child holds none of it
   std::lock_guard lock(state_->mutex);
   Stats stats = state_->usage.to_stats();
   stats.bytes_limit = static_cast<std::int64_t>(state_->bytes_limit);
@@ -98,6 +107,7 @@ Stats PassthroughPool::stats() const {
 }
 
 std::string PassthroughPool::dump() const {
+  if (state_->maker.forked()) return state_->maker.refusal("the platform allocator").message() + "\n";
   std::lock_guard lock(state_->mutex);
   std::vector<std::pair<void*, pool::LiveBlock>> blocks(state_->live.map().begin(), state_->live.map().end());
   std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -1,9 +1,7 @@
 #include "share/process_identity.hpp"
 
-#include <pthread.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <charconv>
 #include <fstream>
 #include <mutex>
@@ -49,21 +47,6 @@ std::optional<ProcessIdentity> read_process_identity(int pid) {
   if (field != 22) return std::nullopt;
   if (state == "Z" || state == "X") return std::nullopt;  // dead, not yet reaped
   return identity;
-}
-
-namespace {
-std::atomic<int> cached_pid{0};
-void refresh_cached_pid() noexcept { cached_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed); }
-}  // namespace
-
-int current_pid() noexcept {
-  static const bool registered = [] {
-    refresh_cached_pid();
-    pthread_atfork(nullptr, nullptr, refresh_cached_pid);
-    return true;
-  }();
-  (void)registered;
-  return cached_pid.load(std::memory_order_relaxed);
 }
 
 const ProcessIdentity& self_identity() {

@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include "core/process.hpp"
+
 namespace tidepool::share {
 
 struct ProcessIdentity {
@@ -23,10 +25,9 @@ std::optional<ProcessIdentity> read_process_identity(int pid);
 /// the pid changes).
 const ProcessIdentity& self_identity();
 
-/// This process's pid without a system call (getpid() is one, ~200 ns with
-/// today's mitigations, and the ledger's lock records its holder every time);
-/// kept right in a forked child by a pthread_atfork handler.
-int current_pid() noexcept;
+/// This process's pid without a system call (the ledger's lock records its
+/// holder every time): core's, kept right in a forked child.
+using tidepool::current_pid;
 
 /// Whether `pid` runs and started at `start_time`.
 bool process_alive(int pid, std::uint64_t start_time);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "child_process.hpp"
 #include "cuda/cuda_test_support.hpp"
 #include "device/cuda/cuda_api.hpp"
 #include "tidepool/units.hpp"
@@ -218,6 +219,32 @@ TEST_F(CudaDeviceTest, PlainAllocationHoldsData) {
   Expected<void*> none = device_->allocate(0);
   ASSERT_FALSE(none);
   EXPECT_EQ(none.error().code(), Errc::invalid_argument);
+}
+
+// A child forked after the device was opened cannot use CUDA (the context is
+// the parent's): the device refuses it before any CUDA call or lock, leaves
+// the parent's memory alone on free, and its destructor makes no driver call.
+TEST_F(CudaDeviceTest, AForkedChildIsRefusedBeforeAnyCudaCall) {
+  constexpr std::size_t kBytes = 4 * MiB;
+  Expected<void*> ptr = device_->allocate(kBytes);
+  ASSERT_TRUE(ptr) << ptr.error().message();
+  ASSERT_TRUE(write_pattern(*ptr, kBytes, 11));
+  Child child([&]() -> int {
+    auto refused = [](const Error& error) {
+      return error.code() == Errc::unsupported && error.message().find("forked") != std::string::npos;
+    };
+    if (auto more = device_->allocate(kBytes); more || !refused(more.error())) return 10;
+    if (device_->supports_virtual_memory()) {
+      if (auto handle = device_->create(device_->granularity()); handle || !refused(handle.error())) return 11;
+    }
+    if (Status synced = device_->synchronize(kDefaultStream); synced || !refused(synced.error())) return 12;
+    if (!device_->free(*ptr, kBytes)) return 13;  // the parent's: left alone
+    device_.reset();
+    return 0;
+  });
+  ASSERT_EQ(child.wait(std::chrono::seconds(30)), 0);
+  EXPECT_TRUE(pattern_intact(*ptr, kBytes, 11));
+  ASSERT_TRUE(device_->free(*ptr, kBytes));
 }
 
 TEST_F(CudaDeviceTest, AllocationBeyondTheDeviceIsOutOfMemoryAndRecoverable) {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.hpp"
 #include "tidepool/stack.hpp"
 #include "tidepool/units.hpp"
 
@@ -296,6 +297,52 @@ TEST(HostDevice, ReleasePunchesMemoryOut) {
   EXPECT_EQ(as_bytes(*va)[4 * g - 1], 0);
   ASSERT_TRUE(device->unmap(*va, 4 * g));
   ASSERT_TRUE(device->release(*fresh, 4 * g));
+  ASSERT_TRUE(device->unreserve(*va, 4 * g));
+}
+
+// A forked child inherits the device and its MAP_SHARED memfd: memory it
+// created, mapped, wrote through a copy or released would be the parent's.
+// As a GPU's context after fork, the device is refused there; what only
+// touches the child's own address space (unmap, unreserve, free) is left to
+// the child's exit. Before, the child's release punched the parent's live
+// memory out (it read zeros).
+TEST(HostDevice, AForkedChildIsRefusedAndPunchesNoHoleInItsParentsMemory) {
+  auto device = make_device();
+  const std::size_t g = device->granularity();
+  auto va = device->reserve(4 * g);
+  ASSERT_TRUE(va);
+  auto handle = device->create(2 * g);
+  ASSERT_TRUE(handle);
+  ASSERT_TRUE(device->map(*va, 2 * g, *handle));
+  std::memset(*va, 0x5a, 2 * g);
+  auto plain = device->allocate(4096);
+  ASSERT_TRUE(plain);
+
+  test::Child child([&]() -> int {
+    auto refused = [](const Error& error) {
+      return error.code() == Errc::unsupported && contains(error.message(), "forked") &&
+             contains(error.message(), "host device \"test\"");
+    };
+    if (auto more = device->create(g); more || !refused(more.error())) return 10;
+    if (auto space = device->reserve(g); space || !refused(space.error())) return 11;
+    if (auto block = device->allocate(4096); block || !refused(block.error())) return 12;
+    if (Status mapped = device->map(as_bytes(*va) + 2 * g, 2 * g, *handle); mapped || !refused(mapped.error())) return 13;
+    char byte = 0x11;
+    if (Status copied = device->copy_from_host(*va, &byte, 1); copied || !refused(copied.error())) return 14;
+    if (!device->unmap(*va, 2 * g)) return 15;  // the child's own mapping
+    if (Status released = device->release(*handle, 2 * g); released || !refused(released.error())) return 16;
+    if (!device->free(*plain, 4096) || !device->unreserve(*va, 4 * g)) return 17;
+    if (device->mem_info().free_bytes != 0) return 18;
+    device.reset();  // closes the child's descriptor only
+    return 0;
+  });
+  ASSERT_EQ(child.wait(std::chrono::seconds(20)), 0);
+  EXPECT_EQ(as_bytes(*va)[0], 0x5a);
+  EXPECT_EQ(as_bytes(*va)[2 * g - 1], 0x5a);
+  EXPECT_GE(device->resident_bytes(), 2 * g);
+  ASSERT_TRUE(device->free(*plain, 4096));
+  ASSERT_TRUE(device->unmap(*va, 2 * g));
+  ASSERT_TRUE(device->release(*handle, 2 * g));
   ASSERT_TRUE(device->unreserve(*va, 4 * g));
 }
 

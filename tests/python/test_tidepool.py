@@ -118,6 +118,45 @@ def test_close():
         pool.allocate(16)
 
 
+@pytest.mark.parametrize("mode", ["expandable", "growth", "platform"])
+def test_a_forked_child_is_refused_and_leaves_the_parents_memory_alone(mode):
+    """The host device's memory is shared with a forked child (a memfd): a
+    child that allocated from, or released, the parent's pool would change the
+    parent's blocks. It raises UnsupportedError instead, as CUDA refuses a
+    forked child, and its frees and close leave the parent's memory alone."""
+    import ctypes
+
+    pool = host(mode=mode)
+    kept = pool.allocate(4 * MiB)
+    ctypes.memset(kept, 0x5A, 4 * MiB)
+    cached = pool.allocate(4 * MiB)
+    pool.free(cached)
+    child = os.fork()
+    if child == 0:  # no pytest here: an exit status says what went wrong
+        status = 0
+        try:
+            try:
+                pool.allocate(MiB)
+                status = 10
+            except tidepool.UnsupportedError as error:
+                if "forked" not in str(error):
+                    status = 11
+            pool.free(kept)
+            pool.close()
+        except BaseException:  # noqa: BLE001 (reported by the status)
+            status = 12
+        os._exit(status)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert ctypes.string_at(kept, 4 * MiB) == b"\x5a" * (4 * MiB)
+    again = pool.allocate(4 * MiB)
+    ctypes.memset(again, 0x11, 4 * MiB)
+    assert ctypes.string_at(kept, 4 * MiB) == b"\x5a" * (4 * MiB)
+    pool.free(again)
+    pool.free(kept)
+    pool.close()
+
+
 @pytest.mark.parametrize("mode", ["growth", "preallocate"])
 def test_trim_and_grow_again_many_times(mode):
     # Each trim gives the region back and the next allocate grows the pool

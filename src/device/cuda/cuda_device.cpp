@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/process.hpp"
 #include "device/cuda/cuda_api.hpp"
 #include "tidepool/units.hpp"
 
@@ -104,6 +105,7 @@ struct CudaDevice::State {
   };
 
   const cuda::DriverApi* driver = nullptr;
+  MakerProcess maker;  // CUDA cannot be used in a forked child (core/process.hpp)
   int ordinal = 0;
   CUdevice cu_device = 0;
   std::string name;
@@ -259,6 +261,10 @@ Expected<std::shared_ptr<CudaDevice>> CudaDevice::open(int ordinal) {
 CudaDevice::CudaDevice(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 CudaDevice::~CudaDevice() {
+  if (state_->maker.forked()) {  // the context and the lock are the parent's
+    (void)state_.release();      // a leak in the child only
+    return;
+  }
   State& s = *state_;
   // Errors are ignored: at process exit the driver may be shutting down
   // (CUDA_ERROR_DEINITIALIZED), and the process returns the memory anyway.
@@ -286,6 +292,7 @@ const std::string& CudaDevice::name() const { return state_->name; }
 
 Expected<void*> CudaDevice::allocate(std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   if (bytes == 0) return Error(Errc::invalid_argument, s.who() + ": allocate of 0 bytes");
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
@@ -303,6 +310,7 @@ Expected<void*> CudaDevice::allocate(std::size_t bytes) {
 
 Status CudaDevice::free(void* ptr, std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the parent's: left alone
   {
     std::lock_guard lock(s.mutex);
     const auto found = s.plain.find(ptr);
@@ -326,6 +334,7 @@ Status CudaDevice::free(void* ptr, std::size_t bytes) {
 }
 
 MemInfo CudaDevice::mem_info() const {
+  if (state_->maker.forked()) return MemInfo{0, state_->total_bytes};  // none of it is the child's
   return MemInfo{state_->free_bytes(), state_->total_bytes};
 }
 
@@ -334,6 +343,7 @@ bool CudaDevice::supports_virtual_memory() const { return state_->virtual_memory
 
 Expected<void*> CudaDevice::reserve(std::size_t va_bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   if (Status ok = s.check_virtual_memory("reserve"); !ok) return std::move(ok).error();
   if (Status ok = s.check_granular("reserve", va_bytes); !ok) return std::move(ok).error();
   ScopedDevice current(s.ordinal);
@@ -350,6 +360,7 @@ Expected<void*> CudaDevice::reserve(std::size_t va_bytes) {
 
 Status CudaDevice::unreserve(void* va, std::size_t va_bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the parent's: left alone
   const auto base = reinterpret_cast<std::uintptr_t>(va);
   {
     std::lock_guard lock(s.mutex);
@@ -379,6 +390,7 @@ Status CudaDevice::unreserve(void* va, std::size_t va_bytes) {
 
 Expected<PhysicalHandle> CudaDevice::create(std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   if (Status ok = s.check_virtual_memory("create"); !ok) return std::move(ok).error();
   if (Status ok = s.check_granular("create", bytes); !ok) return std::move(ok).error();
   ScopedDevice current(s.ordinal);
@@ -398,6 +410,7 @@ Expected<PhysicalHandle> CudaDevice::create(std::size_t bytes) {
 
 Status CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   const auto address = reinterpret_cast<std::uintptr_t>(va);
   {
     std::lock_guard lock(s.mutex);
@@ -455,6 +468,7 @@ Status CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle) {
 
 Status CudaDevice::unmap(void* va, std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the parent's: left alone
   const auto address = reinterpret_cast<std::uintptr_t>(va);
   PhysicalHandle handle = 0;
   {
@@ -479,6 +493,7 @@ Status CudaDevice::unmap(void* va, std::size_t bytes) {
 
 Status CudaDevice::release(PhysicalHandle handle, std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   {
     std::lock_guard lock(s.mutex);
     const auto found = s.handles.find(handle);
@@ -514,6 +529,7 @@ Status CudaDevice::release(PhysicalHandle handle, std::size_t bytes) {
 
 Status CudaDevice::synchronize(Stream stream) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   if (cudaError_t error = cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
@@ -525,6 +541,7 @@ Status CudaDevice::synchronize(Stream stream) {
 
 Expected<bool> CudaDevice::query(Stream stream) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   const cudaError_t error = cudaStreamQuery(reinterpret_cast<cudaStream_t>(stream));
@@ -538,6 +555,7 @@ Expected<bool> CudaDevice::query(Stream stream) {
 
 Expected<void*> CudaDevice::allocate_host(std::size_t bytes) {
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   if (bytes == 0) return Error(Errc::invalid_argument, s.who() + ": allocate_host of 0 bytes");
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
@@ -550,6 +568,7 @@ Expected<void*> CudaDevice::allocate_host(std::size_t bytes) {
 
 Status CudaDevice::free_host(void* ptr, std::size_t) {
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the parent's: left alone
   ScopedDevice current(s.ordinal);
   if (!current.status()) return current.status().error();
   if (cudaError_t error = cudaFreeHost(ptr); error != cudaSuccess) {
@@ -573,10 +592,12 @@ Status copy(const CudaDevice& device, int ordinal, void* dst, const void* src, s
 }  // namespace
 
 Status CudaDevice::copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (state_->maker.forked()) return state_->maker.refusal(state_->who());
   return copy(*this, state_->ordinal, host_dst, device_src, bytes, cudaMemcpyDeviceToHost, "device to host");
 }
 
 Status CudaDevice::copy_from_host(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (state_->maker.forked()) return state_->maker.refusal(state_->who());
   return copy(*this, state_->ordinal, device_dst, host_src, bytes, cudaMemcpyHostToDevice, "host to device");
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/process.hpp"
 #include "device/cuda/cuda_api.hpp"
 #include "pool/live_blocks.hpp"
 #include "pool/usage_counters.hpp"
@@ -30,6 +31,7 @@ constexpr std::size_t kStatsGranule = kMinAlignment;
 
 struct AsyncPool::State {
   std::shared_ptr<Device> device;
+  MakerProcess maker;  // a forked child leaves the pool alone (core/process.hpp)
   CudaDevice* cuda_device = nullptr;  // under device's decorators
   int ordinal = 0;
   cudaMemPool_t pool = nullptr;
@@ -119,6 +121,10 @@ Expected<std::unique_ptr<AsyncPool>> AsyncPool::create(std::shared_ptr<Device> d
 AsyncPool::AsyncPool(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 AsyncPool::~AsyncPool() {
+  if (state_->maker.forked()) {  // the driver's pool and the lock are the parent's
+    (void)state_.release();      // a leak in the child only
+    return;
+  }
   State& s = *state_;
   ScopedDevice current(s.ordinal);
   if (!s.live.map().empty()) {
@@ -135,6 +141,7 @@ AsyncPool::~AsyncPool() {
 Expected<void*> AsyncPool::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return static_cast<void*>(nullptr);
   State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who());
   std::lock_guard lock(s.mutex);
   // The limit holds as in the other pools (sizes and limit rounded as they
   // round), before the driver is asked: its pool would grow to the whole device.
@@ -189,6 +196,7 @@ Expected<void*> AsyncPool::allocate(std::size_t bytes, Stream stream) {
 Status AsyncPool::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return {};
   State& s = *state_;
+  if (s.maker.forked()) return {};  // the block is the parent's: the child leaves it alone
   std::lock_guard lock(s.mutex);
   auto found = s.live.find(ptr, s.who());
   if (!found) return std::move(found).error();
@@ -204,6 +212,7 @@ Status AsyncPool::deallocate(void* ptr, Stream stream) {
 
 Stats AsyncPool::stats() const {
   const State& s = *state_;
+  if (s.maker.forked()) return {};  // a forked child holds none of it
   std::lock_guard lock(s.mutex);
   ScopedDevice current(s.ordinal);
   Stats stats = s.usage.to_stats();
@@ -222,6 +231,7 @@ Stats AsyncPool::stats() const {
 
 std::size_t AsyncPool::trim() {
   State& s = *state_;
+  if (s.maker.forked()) return 0;
   std::lock_guard lock(s.mutex);
   ScopedDevice current(s.ordinal);
   if (!current.status()) return 0;
@@ -236,6 +246,7 @@ std::size_t AsyncPool::trim() {
 
 std::string AsyncPool::dump() const {
   const State& s = *state_;
+  if (s.maker.forked()) return s.maker.refusal(s.who()).message() + "\n";
   std::lock_guard lock(s.mutex);
   ScopedDevice current(s.ordinal);
   std::vector<std::pair<void*, pool::LiveBlock>> blocks(s.live.map().begin(), s.live.map().end());
