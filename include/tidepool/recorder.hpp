@@ -25,7 +25,9 @@ class Recorder final : public Allocator {
   // failed_allocs; a successful deallocate ends the lifetime (a pointer the
   // inner allocator handed out before recording began counts in
   // unmatched_frees). Calls are serialized while recording, so the trace
-  // holds them in the order they took effect.
+  // holds them in the order they took effect. In a child forked after the
+  // recorder was made, calls go to the inner allocator (which refuses the
+  // child: docs/ledger.md, fork()) unrecorded, and take no lock.
   std::string_view name() const override { return inner_->name(); }
   Expected<void*> allocate(std::size_t bytes, Stream stream = kDefaultStream) override;
   Status deallocate(void* ptr, Stream stream = kDefaultStream) override;
@@ -37,19 +39,22 @@ class Recorder final : public Allocator {
   Sleepable* sleepable() noexcept override { return inner_->sleepable(); }
 
   /// What was recorded so far (times in microseconds since construction);
-  /// lifetimes still live stay live in it.
+  /// lifetimes still live stay live in it. In a forked child: nothing (the
+  /// recording is the parent's).
   Trace trace() const;
 
-  /// Writes trace() to `path` in tidepool's format.
+  /// Writes trace() to `path` in tidepool's format (unsupported in a forked child).
   Status save(const std::string& path) const;
 
   Allocator& inner() const { return *inner_; }
 
  private:
   std::int64_t now_us() const;
+  bool forked() const noexcept;
 
   std::shared_ptr<Allocator> inner_;
   const std::chrono::steady_clock::time_point start_;
+  const int maker_pid_;  // the process that made it: a forked child records nothing
   mutable std::mutex mutex_;
   Trace trace_;
   struct Live {

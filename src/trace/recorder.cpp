@@ -1,11 +1,12 @@
 #include "tidepool/recorder.hpp"
 
+#include "core/process.hpp"
 #include "tidepool/trace_io.hpp"
 
 namespace tidepool::trace {
 
 Recorder::Recorder(std::shared_ptr<Allocator> inner, std::string trace_name)
-    : inner_(std::move(inner)), start_(std::chrono::steady_clock::now()) {
+    : inner_(std::move(inner)), start_(std::chrono::steady_clock::now()), maker_pid_(current_pid()) {
   trace_.name = std::move(trace_name);
   trace_.format = format_name(Format::tidepool);
   trace_.device_capacity = inner_->device().mem_info().total_bytes;
@@ -16,7 +17,10 @@ std::int64_t Recorder::now_us() const {
       .count();
 }
 
+bool Recorder::forked() const noexcept { return current_pid() != maker_pid_; }
+
 Expected<void*> Recorder::allocate(std::size_t bytes, Stream stream) {
+  if (forked()) return inner_->allocate(bytes, stream);  // the lock may be a parent thread's
   std::lock_guard lock(mutex_);
   Expected<void*> ptr = inner_->allocate(bytes, stream);
   if (!ptr) {
@@ -36,6 +40,7 @@ Expected<void*> Recorder::allocate(std::size_t bytes, Stream stream) {
 }
 
 Status Recorder::deallocate(void* ptr, Stream stream) {
+  if (forked()) return inner_->deallocate(ptr, stream);
   std::lock_guard lock(mutex_);
   Status status = inner_->deallocate(ptr, stream);
   if (!status || ptr == nullptr) return status;
@@ -56,10 +61,23 @@ Status Recorder::deallocate(void* ptr, Stream stream) {
 }
 
 Trace Recorder::trace() const {
+  if (forked()) {
+    Trace none;
+    none.name = trace_.name;  // set before the fork, never changed
+    none.format = trace_.format;
+    return none;
+  }
   std::lock_guard lock(mutex_);
   return trace_;
 }
 
-Status Recorder::save(const std::string& path) const { return write_tidepool_file(trace(), path); }
+Status Recorder::save(const std::string& path) const {
+  if (forked()) {
+    return Error(Errc::unsupported, "recorder of '" + trace_.name + "' was made by pid " + std::to_string(maker_pid_) +
+                                        " and this process (pid " + std::to_string(current_pid()) +
+                                        ") is a child forked from it: the recording is the parent's");
+  }
+  return write_tidepool_file(trace(), path);
+}
 
 }  // namespace tidepool::trace

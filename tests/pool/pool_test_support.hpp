@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,50 @@ class SyncCountingDevice final : public DeviceAdaptor {
   std::map<Stream, int> calls_;
   std::atomic<int> queries_{0};
   std::atomic<bool> idle_{false};
+};
+
+/// A device whose description() and allocate() wait at a gate once armed: a
+/// thread inside a pool's dump() (which asks the description under the
+/// pool's lock) or growing the pool holds the pool's lock until the gate
+/// opens (tests of a child forked meanwhile).
+class GateDevice final : public DeviceAdaptor {
+ public:
+  using DeviceAdaptor::DeviceAdaptor;
+  std::string description() const override {
+    pass();
+    return DeviceAdaptor::description();
+  }
+  Expected<void*> allocate(std::size_t bytes) override {
+    pass();
+    return DeviceAdaptor::allocate(bytes);
+  }
+  void arm() {
+    std::lock_guard lock(mutex_);
+    armed_ = true;
+  }
+  void wait_inside() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return inside_; });
+  }
+  void open() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  void pass() const {
+    std::unique_lock lock(mutex_);
+    if (!armed_) return;
+    inside_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return open_; });
+  }
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  bool armed_ = false;
+  mutable bool inside_ = false;
+  bool open_ = false;
 };
 
 enum class PoolKind { preallocate, growth, platform, expandable };

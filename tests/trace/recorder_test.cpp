@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "child_process.hpp"
+#include "pool/pool_test_support.hpp"
 #include "tidepool/best_fit_pool.hpp"
 #include "tidepool/host_device.hpp"
 #include "tidepool/trace_io.hpp"
@@ -103,6 +105,43 @@ TEST(Recorder, ThreadsRecordAConsistentTrace) {
   auto summary = summarize(trace);  // every free ends a live block, even with addresses reused
   ASSERT_TRUE(summary) << summary.error().message();
   EXPECT_EQ(summary->live_blocks_at_end, 0u);
+}
+
+// A child forked while a thread of the parent records an allocation (the
+// recorder's lock and the pool's held, the device slow to answer) takes
+// neither lock: its calls reach the pool, which refuses the child, and it
+// records nothing of its own.
+TEST(Recorder, AChildForkedWhileAThreadRecordsTakesNoLockAndRecordsNothing) {
+  HostDeviceOptions device_options;
+  device_options.capacity = 1 * GiB;
+  auto host = HostDevice::create(device_options);
+  ASSERT_TRUE(host);
+  auto gate = std::make_shared<test::GateDevice>(std::move(host).value());
+  auto pool = BestFitPool::create(gate);
+  ASSERT_TRUE(pool);
+  Recorder recorder(std::shared_ptr<Allocator>(std::move(pool).value()), "forked");
+  Expected<void*> allocated = recorder.allocate(1 * MiB);
+  ASSERT_TRUE(allocated);
+  void* const first = *allocated;
+  gate->arm();
+  std::thread holder([&] { (void)recorder.allocate(64 * MiB); });  // grows: the gate holds it
+  gate->wait_inside();
+
+  test::Child child([&]() -> int {
+    Expected<void*> refused = recorder.allocate(1 * MiB);
+    if (refused || refused.error().code() != Errc::unsupported) return 10;
+    if (!recorder.deallocate(first)) return 11;  // the parent's block: left alone
+    if (!recorder.trace().events.empty() || recorder.trace().name != "forked") return 12;
+    if (Status saved = recorder.save("/nonexistent/forked.tidepool"); saved || saved.error().code() != Errc::unsupported)
+      return 13;
+    return 0;
+  });
+  const int status = child.wait(std::chrono::seconds(10));  // -1: it hung on a lock
+  gate->open();
+  holder.join();
+  ASSERT_EQ(status, 0);
+  EXPECT_EQ(recorder.trace().events.size(), 2u);  // the parent's two allocations, nothing of the child's
+  EXPECT_TRUE(recorder.deallocate(first));
 }
 
 }  // namespace
