@@ -3,6 +3,7 @@
 // re-exports it. Values cross as Python ints, strs and dicts; no numpy.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -230,6 +231,15 @@ class PyAllocator {
     // readers (threads allocating with the GIL released) keep it from close.
     closing_.store(true);
     bindings::Stack closed;
+    if (getpid() != maker_pid_) {
+      // A forked child: the lock may be held by a call in flight in a parent
+      // thread the child does not have, and no other thread of the child
+      // can hold it. The stack's pool and device leave the parent's memory
+      // alone in a child (docs/ledger.md, fork()).
+      closed = std::move(stack_);
+      stack_ = {};
+      return;
+    }
     {
       std::unique_lock whole(stack_mutex_);
       closed = std::move(stack_);
@@ -294,6 +304,7 @@ class PyAllocator {
   // calls that released the GIL destroyed the stack under them).
   mutable std::shared_mutex stack_mutex_;
   std::atomic<bool> closing_{false};
+  const pid_t maker_pid_ = getpid();  // a forked child closes without the lock
   bindings::Stack stack_;
   PeakWindow peaks_;
 };

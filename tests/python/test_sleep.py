@@ -166,3 +166,64 @@ def test_two_processes_take_turns_through_the_ledger(monkeypatch, ledger_segment
             other.stdin.close()
             other.wait(timeout=30)
         pool.close()
+
+
+def test_a_child_forked_while_a_thread_waits_in_a_call_closes_at_once(monkeypatch, ledger_segment):
+    """A thread of the parent waits inside wake() (for the holder to trim, the
+    GIL released) when the process forks: the child's copy of the allocator's
+    lock is held by a thread the child does not have. close() in the child
+    returns at once, and the parent's wait ends as it would have."""
+    import threading
+
+    segment = ledger_segment
+    shared_host(monkeypatch, segment, TIDEPOOL_WAKE_WAIT="3s")
+    pool = tidepool.Allocator.from_env()
+    holder = None
+    waiter = None
+    try:
+        with pool.tag("model"):
+            pool.allocate(32 * MiB)
+        pool.sleep("model")
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        assert holder.stdout.readline().strip() == "ready"
+        outcome = []
+
+        def wake():
+            try:
+                pool.wake("model")
+                outcome.append("woken")
+            except tidepool.OutOfMemoryError:
+                outcome.append("refused")
+
+        waiter = threading.Thread(target=wake)
+        waiter.start()
+        time.sleep(0.5)  # well inside the 3 s wait
+        child = os.fork()
+        if child == 0:
+            status = 0
+            try:
+                pool.close()
+            except BaseException:  # noqa: BLE001 (reported by the status)
+                status = 10
+            os._exit(status)
+        deadline = time.monotonic() + 10
+        while True:
+            done, status = os.waitpid(child, os.WNOHANG)
+            if done == child:
+                break
+            if time.monotonic() > deadline:
+                os.kill(child, 9)
+                os.waitpid(child, 0)
+                pytest.fail("the forked child hung in close()")
+            time.sleep(0.01)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        waiter.join(timeout=30)
+        assert outcome == ["refused"]  # the holder kept its memory for the whole wait
+    finally:
+        if waiter is not None:
+            waiter.join(timeout=30)
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait(timeout=30)
+        pool.close()
