@@ -59,8 +59,9 @@ struct ReplayOptions {
   /// A caller replaying one trace mode by mode plans it once.
   bool plan = true;
   /// Times the trace is replayed through the same pool (1 to kMaxPasses).
-  /// Blocks still live at the end of a pass are freed before the next, so
-  /// later passes show the pool warm: ModeReplay::passes has one entry each.
+  /// Blocks still live at the end of a pass are freed before the next (not
+  /// timed; their device calls count in the pass they end), so later passes
+  /// show the pool warm: ModeReplay::passes has one entry each.
   std::uint32_t passes = 1;
   /// Optional progress callback (see ProgressFn); may be empty.
   ProgressFn progress;

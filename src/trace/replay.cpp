@@ -398,6 +398,20 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
     const auto finished = std::chrono::steady_clock::now();
     pass.replay_ns = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(finished - started - reading).count());
+    const bool last_pass = pass_index + 1 == options.passes;
+    if (!last_pass) {
+      // The next pass starts from an empty program: what is still live goes
+      // back to the pool, untimed; its device calls (a pool that releases
+      // on free) are this pass's, so that every call is in some pass.
+      for (std::uint32_t block = 0; block < trace.num_blocks; ++block) {
+        if (state[block] != kLive) continue;
+        if (Status freed = pool.deallocate(pointers[block], streams[block]); !freed) return std::move(freed).error();
+        pointers[block] = nullptr;
+      }
+      live = 0;
+      seen_calls = probe.holding_calls();
+      reserved = held();
+    }
     pass.device_calls = calls_of(counting.counters()).since(calls_before);
     done += events.size();
 
@@ -406,18 +420,7 @@ Expected<ModeReplay> run(const Trace& trace, Mode mode, std::size_t capacity_byt
     result.ooms += pass.ooms;
     peak_reserved = std::max(peak_reserved, pass.peak_reserved_bytes);
     result.passes.push_back(pass);
-
-    if (pass_index + 1 == options.passes) break;
-    // The next pass starts from an empty program: what is still live goes
-    // back to the pool (not timed, not counted in either pass's calls).
-    for (std::uint32_t block = 0; block < trace.num_blocks; ++block) {
-      if (state[block] != kLive) continue;
-      if (Status freed = pool.deallocate(pointers[block], streams[block]); !freed) return std::move(freed).error();
-      pointers[block] = nullptr;
-    }
-    live = 0;
-    seen_calls = probe.holding_calls();
-    reserved = held();
+    if (last_pass) break;
   }
   if (flags.collect_series) sampler.finish();
 

@@ -333,6 +333,30 @@ TEST(SteadyState, PassesReplayTheTraceThroughOnePool) {
   EXPECT_EQ(result->device_calls.allocs, result->passes[0].device_calls.allocs);
   EXPECT_EQ(result->peak_live_bytes, 400 * MiB);
 
+  // Blocks freed between passes count their device calls in the pass they
+  // end: with a release threshold of 0 the pool releases the 300 MiB block's
+  // granules at that free, and every call is in some pass.
+  options.passes = 3;
+  options.config.release_threshold.value = 0;
+  auto releasing = replay_mode(trace, Mode::expandable, options);
+  ASSERT_TRUE(releasing) << releasing.error().message();
+  DeviceCalls summed;
+  for (const PassReplay& pass : releasing->passes) {
+    summed.creates += pass.device_calls.creates;
+    summed.releases += pass.device_calls.releases;
+    summed.maps += pass.device_calls.maps;
+    summed.unmaps += pass.device_calls.unmaps;
+  }
+  EXPECT_EQ(summed.creates, releasing->device_calls.creates);
+  EXPECT_EQ(summed.releases, releasing->device_calls.releases);
+  EXPECT_EQ(summed.maps, releasing->device_calls.maps);
+  EXPECT_EQ(summed.unmaps, releasing->device_calls.unmaps);
+  for (std::size_t pass = 0; pass < 2; ++pass) {  // ended by a teardown: all it created goes back
+    EXPECT_EQ(releasing->passes[pass].device_calls.releases, releasing->passes[pass].device_calls.creates)
+        << "pass " << pass;
+  }
+  EXPECT_LT(releasing->passes[2].device_calls.releases, releasing->passes[2].device_calls.creates);
+
   options.passes = 0;
   auto none = replay_mode(trace, Mode::growth, options);
   ASSERT_FALSE(none);
