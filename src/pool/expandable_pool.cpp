@@ -118,7 +118,7 @@ void ExpandablePool::State::apply_journal() noexcept {
   noted = 0;
 }
 
-void ExpandablePool::State::sync_granules(const void* except) {
+void ExpandablePool::State::sync_granules(const void* except) noexcept {
   if (exact) return;
   if (!stale) {
     apply_journal();
@@ -694,6 +694,7 @@ Status ExpandablePool::deallocate(void* ptr, Stream stream) {
                                             ": not a pointer this pool handed out (it lies outside its "
                                             "address space)");
   }
+  s.granules.add_stream(stream);  // the table's last allocation on this path: none once it notes the free
   if (space->tag != pool::kUntagged) return s.free_tagged(*space, ptr, stream);
   if (s.in_slab(address)) {
     Expected<std::size_t> freed = s.plan.give_back(address - reinterpret_cast<std::uintptr_t>(s.slab), stream, address);

@@ -297,7 +297,7 @@ struct ExpandablePool::State {
   /// applied, or the table rebuilt from the arenas' chunks (stale; the block
   /// at `except`, carved but not backed yet, left out). Then every mapped
   /// granule's uses, free bit and stream tags are current.
-  void sync_granules(const void* except = nullptr);
+  void sync_granules(const void* except = nullptr) noexcept;
   /// The table is current (nothing to apply or rebuild).
   bool table_current() const noexcept { return exact || (!stale && noted == 0); }
   std::int64_t maps = 0, unmaps = 0, stitches = 0;  // releases: usage.num_device_frees

@@ -16,6 +16,12 @@
 //   word at a time;
 // - so are the stream tags: a bitmap per stream of the granules it freed.
 //
+// Only grow() and add_stream() allocate: every other call is noexcept, so
+// that a pool's bookkeeping after a device call cannot fail half-way (the
+// queue is a ring of one slot per granule, since a granule is queued at most
+// once; a stream's tag bitmap is made by add_stream(), and a stream without
+// one is tagged "many", which waits for every stream).
+//
 // Not thread-safe: the owning pool serializes every call.
 #pragma once
 
@@ -23,7 +29,6 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <limits>
 #include <vector>
 
@@ -208,7 +213,14 @@ class GranuleTable {
     queued_.resize(size);
     mapped_bits_.resize(size);
     free_bits_.resize(size);
+    queue_.resize(size);
     return first;
+  }
+  /// Gives `stream` a tag bitmap of its own (one of kTaggedStreams; past
+  /// them, and for kNoStream, nothing): called before a block freed on it
+  /// reaches the table, where no call may allocate.
+  void add_stream(Stream stream) {
+    if (stream != kNoStream && stream != kManyStreams) (void)find_slot(stream);
   }
 
   std::size_t size() const noexcept { return uses_.size(); }
@@ -302,7 +314,7 @@ class GranuleTable {
   /// A block freed on `stream` overlapped every granule of [first, last]
   /// (kNoStream: a block that never held memory, whose backing failed); the
   /// granules it was the last use of become free.
-  void unuse_range(GranuleId first, GranuleId last, Stream stream) {
+  void unuse_range(GranuleId first, GranuleId last, Stream stream) noexcept {
     if (first == last) {  // most small blocks
       if (stream != kNoStream) tags_of(stream).set(first);
       unuse(first);
@@ -346,12 +358,12 @@ class GranuleTable {
     queue_.clear();
   }
   /// Work on `stream` may still touch [first, last].
-  void tag_range(GranuleId first, GranuleId last, Stream stream) {
+  void tag_range(GranuleId first, GranuleId last, Stream stream) noexcept {
     GranuleBits& tags = tags_of(stream);
     for (std::size_t w = first / 64; w <= last / 64; ++w) tags.set_bits(w, GranuleBits::mask(w, first, last));
   }
   /// Queues every free granule, in address order.
-  void queue_free() {
+  void queue_free() noexcept {
     if (free_count_ != 0) enqueue_free(0, static_cast<GranuleId>(size() - 1));
   }
 
@@ -410,7 +422,7 @@ class GranuleTable {
   }
   /// Queues the free granules of [first, last] not queued yet: the ends
   /// first, then the rest in address order.
-  void enqueue_free(GranuleId first, GranuleId last) {
+  void enqueue_free(GranuleId first, GranuleId last) noexcept {
     for (const GranuleId end : {first, last}) {
       if (free_bits_.test(end) && !queued_.test(end)) enqueue(end);
     }
@@ -419,13 +431,13 @@ class GranuleTable {
       if (unqueued == 0) continue;
       queued_.set_bits(w, unqueued);
       for (; unqueued != 0; unqueued &= unqueued - 1) {
-        queue_.push_back(static_cast<GranuleId>(w * 64 + static_cast<std::size_t>(std::countr_zero(unqueued))));
+        queue_.push(static_cast<GranuleId>(w * 64 + static_cast<std::size_t>(std::countr_zero(unqueued))));
       }
     }
   }
   /// One use less on granule `id` (a block's end); free if it was the last
   /// and it is mapped.
-  void unuse(GranuleId id) {
+  void unuse(GranuleId id) noexcept {
     if (--uses_[id] != 0 || !mapped_bits_.test(id)) return;
     ++free_count_;
     free_bits_.set(id);
@@ -436,10 +448,11 @@ class GranuleTable {
   static constexpr std::size_t kTaggedStreams = 64;
   static constexpr std::size_t kManySlot = kTaggedStreams;
 
-  /// The bitmap of granules that work on `stream` may still touch.
-  GranuleBits& tags_of(Stream stream) {
-    const std::size_t slot = find_slot(stream);
-    return slot == kManySlot ? freed_by_many_ : freed_by_[slot];
+  /// The bitmap of granules that work on `stream` may still touch: its own
+  /// once add_stream() made it, else the "many" one.
+  GranuleBits& tags_of(Stream stream) noexcept {
+    const std::uint64_t slot = slot_of_.at(stream);
+    return slot == 0 ? freed_by_many_ : freed_by_[slot - 1];
   }
   std::size_t find_slot(Stream stream) {
     if (const std::uint64_t slot = slot_of_.at(stream); slot != 0) return slot - 1;
@@ -449,10 +462,40 @@ class GranuleTable {
     slot_of_.set(stream, streams_.size());
     return streams_.size() - 1;
   }
-  void enqueue(GranuleId id) {
+  void enqueue(GranuleId id) noexcept {
     queued_.set(id);
-    queue_.push_back(id);
+    queue_.push(id);
   }
+
+  /// The free granules in the order they emptied: a ring of one slot per
+  /// granule (each is in it at most once: queued_).
+  class Queue {
+   public:
+    /// To `size` slots, keeping the order (grow(): may allocate).
+    void resize(std::size_t size) {
+      std::vector<GranuleId> ring(size);
+      for (std::size_t i = 0; i < count_; ++i) ring[i] = ring_[(head_ + i) % ring_.size()];
+      ring_ = std::move(ring);
+      head_ = 0;
+    }
+    bool empty() const noexcept { return count_ == 0; }
+    GranuleId front() const noexcept { return ring_[head_]; }
+    void pop_front() noexcept {
+      head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
+      --count_;
+    }
+    void push(GranuleId id) noexcept {  // count_ < size(): queued_ keeps each granule in once
+      const std::size_t at = head_ + count_;
+      ring_[at < ring_.size() ? at : at - ring_.size()] = id;
+      ++count_;
+    }
+    void clear() noexcept { head_ = count_ = 0; }
+
+   private:
+    std::vector<GranuleId> ring_;
+    std::size_t head_ = 0;
+    std::size_t count_ = 0;
+  };
 
   // One entry per granule in each.
   std::vector<PhysicalHandle> handle_;
@@ -467,7 +510,7 @@ class GranuleTable {
   GranuleBits freed_by_many_;               // freed by streams past kTaggedStreams
   std::vector<Stream> streams_;
   StreamValues slot_of_;                    // per stream in streams_: its slot + 1
-  std::deque<GranuleId> queue_;
+  Queue queue_;
   std::vector<Part> parts_;
   std::size_t mapped_ = 0;
   std::size_t free_count_ = 0;

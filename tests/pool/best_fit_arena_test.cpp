@@ -218,6 +218,7 @@ TEST(GranuleTable, AgreesWithACounterPerGranule) {
   std::mt19937_64 random(5);
   GranuleTable table;
   table.grow(kGranules);
+  for (Stream stream = 0; stream < 4; ++stream) table.add_stream(stream);  // as the pool does at a free
   std::vector<unsigned> uses(kGranules, 0);             // live blocks over each granule
   std::vector<std::vector<Stream>> freed_by(kGranules);  // streams that freed a block over it
   std::vector<bool> unit_live(kGranules * kUnits, false);
