@@ -224,7 +224,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
     return error;
   };
 
-  bool stitched = false, created = false;
+  bool stitched = false, created = false, took = false;
   for (GranuleId id = first; id <= last; ++id) {
     if (granules.is_mapped(id)) {
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
@@ -276,6 +276,7 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
     } else if (take_headroom(id)) {
       if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
+      took = true;
       --headroom_made;  // what the pool would have created now
       headroom_calls -= 2;  // the create and the map it would have made
     } else {
@@ -293,11 +294,11 @@ Status ExpandablePool::State::back(const Space& space, std::uintptr_t base, std:
   }
   if (Status mapped = map_run(); !mapped) return abandon(std::move(mapped).error());
   if (stitched) ++stitches;
-  if (created && !for_slab) add_headroom(space, last);
+  if (!for_slab && (created || (took && !warm))) add_headroom(space, last, !created);
   return {};
 }
 
-void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noexcept {
+void ExpandablePool::State::add_headroom(const Space& space, GranuleId last, bool past_kept) noexcept {
   if (space.tag != pool::kUntagged || options.release_threshold != ExpandableOptions::kKeepAll || options.aliases) {
     return;
   }
@@ -318,10 +319,16 @@ void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noe
   } catch (const std::bad_alloc&) {
     return;  // headroom is an optimization
   }
-  // Up to the headroom already kept above (stranded there when the top came down).
+  // Up to the headroom already kept above (stranded there when the top came
+  // down); after a take, past what the block left of it right above.
   auto at = std::lower_bound(headroom.begin(), headroom.end(), Kept{first, 0});
+  GranuleId start = first;
+  while (past_kept && at != headroom.end() && at->id == start) {
+    ++start;
+    ++at;
+  }
   const GranuleId stop = at != headroom.end() ? std::min(end, at->id) : end;
-  for (GranuleId id = first; in_space + run.size() < want && id < stop; ++id) {
+  for (GranuleId id = start; in_space + run.size() < want && id < stop; ++id) {
     if (mapped_bytes() + (run.size() + 1) * granule > bytes_limit) break;
     Expected<PhysicalHandle> fresh = device->create(granule);
     if (!fresh) break;  // the device or the ledger is short: no headroom, nothing fails
@@ -331,12 +338,12 @@ void ExpandablePool::State::add_headroom(const Space& space, GranuleId last) noe
   if (run.empty()) return;
   headroom_made += static_cast<std::int64_t>(run.size());
   headroom_calls += 2 * static_cast<std::int64_t>(run.size());  // the creates, and the maps or releases
-  if (!device->map_many(address_of(first), granule, run)) {
+  if (!device->map_many(address_of(start), granule, run)) {
     for (PhysicalHandle handle : run) release_handle(handle);
     return;
   }
   maps += static_cast<std::int64_t>(run.size());
-  for (std::size_t i = 0; i < run.size(); ++i) at = headroom.insert(at, Kept{first + static_cast<GranuleId>(i), run[i]}) + 1;
+  for (std::size_t i = 0; i < run.size(); ++i) at = headroom.insert(at, Kept{start + static_cast<GranuleId>(i), run[i]}) + 1;
 }
 
 bool ExpandablePool::State::take_headroom(GranuleId id) noexcept {

@@ -412,8 +412,10 @@ struct ExpandablePool::State {
   std::int64_t headroom_calls = 0;  // made for the headroom, less those it saved
   /// Maps back()'s granule `id` from the headroom, if it holds one there.
   bool take_headroom(GranuleId id) noexcept;
-  /// After back() created memory for a block ending at `last`.
-  void add_headroom(const Space& space, GranuleId last) noexcept;
+  /// After back() created memory for a block ending at `last`, or, while
+  /// the pool is not warm, took headroom for it (`past_kept`: the new
+  /// headroom goes past what the block left right above).
+  void add_headroom(const Space& space, GranuleId last, bool past_kept) noexcept;
   void drop_headroom() noexcept;
 
   // --- aliases (ExpandableOptions::aliases) ---------------------------------
