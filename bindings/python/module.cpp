@@ -231,17 +231,13 @@ class PyAllocator {
     // readers (threads allocating with the GIL released) keep it from close.
     closing_.store(true);
     bindings::Stack closed;
-    if (getpid() != maker_pid_) {
-      // A forked child: the lock may be held by a call in flight in a parent
-      // thread the child does not have, and no other thread of the child
-      // can hold it. The stack's pool and device leave the parent's memory
-      // alone in a child (docs/ledger.md, fork()).
-      closed = std::move(stack_);
-      stack_ = {};
-      return;
-    }
     {
-      std::unique_lock whole(stack_mutex_);
+      // Not in a forked child: there the lock may be held by a call in
+      // flight in a parent thread the child does not have, and no thread of
+      // the child's can hold it. The stack's pool and device leave the
+      // parent's memory alone in a child (docs/ledger.md, fork()).
+      std::unique_lock whole(stack_mutex_, std::defer_lock);
+      if (getpid() == maker_pid_) whole.lock();
       closed = std::move(stack_);
       stack_ = {};
     }

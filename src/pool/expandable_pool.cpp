@@ -598,7 +598,7 @@ Expected<pool::PlacedBlock> ExpandablePool::State::place_in_more_space(pool::Bes
 Expected<void*> ExpandablePool::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return static_cast<void*>(nullptr);
   State& s = *state_;
-  if (s.maker.forked()) return s.maker.refusal("the expandable pool");
+  if (s.maker.forked()) return s.refused_in_child();
   std::lock_guard lock(s.mutex);
   ++s.calls;
   if (bytes > s.bytes_limit) return s.out_of_memory(bytes, bytes, bytes / s.granule + 1);
@@ -801,7 +801,7 @@ std::size_t ExpandablePool::trim() {
 
 std::string ExpandablePool::dump() const {
   State& s = *state_;
-  if (s.maker.forked()) return s.maker.refusal("the expandable pool").message() + "\n";
+  if (s.maker.forked()) return s.refused_in_child().message() + "\n";
   std::lock_guard lock(s.mutex);
   s.sync_granules();
   std::string out = "expandable pool on " + s.device->description() + ": limit " + format_bytes(s.bytes_limit) +

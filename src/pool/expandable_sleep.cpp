@@ -256,7 +256,7 @@ Status ExpandablePool::tag_begin(std::string_view name) {
                                              " bytes");
   }
   State& s = *state_;
-  if (s.maker.forked()) return s.maker.refusal("the expandable pool");
+  if (s.maker.forked()) return s.refused_in_child();
   pool::TagId id = pool::kUntagged;
   {
     std::lock_guard lock(s.mutex);
@@ -279,7 +279,7 @@ Status ExpandablePool::tag_end() {
 
 Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
   State& s = *state_;
-  if (s.maker.forked()) return s.maker.refusal("the expandable pool");
+  if (s.maker.forked()) return s.refused_in_child();
   Expected<pool::Tag*> found = s.begin_change("sleep", name, pool::TagPhase::awake, pool::TagPhase::falling_asleep);
   if (!found) return std::move(found).error();
   pool::Tag& tag = **found;
@@ -357,7 +357,7 @@ Status ExpandablePool::sleep(std::string_view name, SleepKeep keep) {
 
 Status ExpandablePool::wake(std::string_view name) {
   State& s = *state_;
-  if (s.maker.forked()) return s.maker.refusal("the expandable pool");
+  if (s.maker.forked()) return s.refused_in_child();
   Expected<pool::Tag*> found = s.begin_change("wake", name, pool::TagPhase::asleep, pool::TagPhase::waking);
   if (!found) return std::move(found).error();
   pool::Tag& tag = **found;

@@ -196,6 +196,7 @@ struct ExpandablePool::State {
 
   std::shared_ptr<Device> device;
   MakerProcess maker;  // a forked child leaves the pool alone (core/process.hpp)
+  Error refused_in_child() const { return maker.refusal("the expandable pool"); }
   const ExpandableOptions options;
   const std::size_t granule;
   const unsigned granule_shift;  // granule is a power of two: a shift, not a division, on the hot path
