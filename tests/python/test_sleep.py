@@ -87,6 +87,22 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+def asleep_beside_a_holder(pool):
+    """Puts 32 MiB tagged "model" to sleep, then starts HOLDER, which takes
+    48 MiB of the 64 MiB device and holds it in use; returns it, ready."""
+    with pool.tag("model"):
+        pool.allocate(32 * MiB)
+    pool.sleep("model")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    said = holder.stdout.readline().strip()
+    if said != "ready":  # not left running when the assertion fails
+        holder.kill()
+        holder.wait(timeout=30)
+    assert said == "ready"
+    return holder
+
+
 def shared_host(monkeypatch, segment, **extra):
     settings = {"TIDEPOOL_ALLOCATOR": "expandable", "TIDEPOOL_DEVICE": "host", "TIDEPOOL_HOST_CAPACITY": "64MiB",
                 "TIDEPOOL_MEM_FRACTION": "1", "TIDEPOOL_LEDGER": "true", "TIDEPOOL_LEDGER_NAME": segment, **extra}
@@ -100,12 +116,7 @@ def test_a_wake_fails_within_tidepool_wake_wait(monkeypatch, ledger_segment):
     pool = tidepool.Allocator.from_env()
     holder = None
     try:
-        with pool.tag("model"):
-            pool.allocate(32 * MiB)
-        pool.sleep("model")
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
-        assert holder.stdout.readline().strip() == "ready"
+        holder = asleep_beside_a_holder(pool)
         started = time.monotonic()
         with pytest.raises(tidepool.OutOfMemoryError, match=r"wake\('model'\).*waiting for the other processes") as refused:
             pool.wake("model")
@@ -181,12 +192,7 @@ def test_a_child_forked_while_a_thread_waits_in_a_call_closes_at_once(monkeypatc
     holder = None
     waiter = None
     try:
-        with pool.tag("model"):
-            pool.allocate(32 * MiB)
-        pool.sleep("model")
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
-        assert holder.stdout.readline().strip() == "ready"
+        holder = asleep_beside_a_holder(pool)
         outcome = []
 
         def wake():

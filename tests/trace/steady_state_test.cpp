@@ -73,6 +73,20 @@ std::string memory_calls_text(const DeviceCalls& calls) {
          std::to_string(calls.unmaps) + ", syncs " + std::to_string(calls.syncs) + ", releases " +
          std::to_string(calls.releases);
 }
+/// Built-in workload `name` (seed, steps) replayed `passes` times through one
+/// expandable pool at the device's capacity (mem_fraction 1).
+Expected<ModeReplay> warm_replay(const std::string& name, std::uint64_t seed, std::uint32_t steps,
+                                 std::uint32_t passes) {
+  WorkloadOptions workload;
+  workload.seed = seed;
+  workload.steps = steps;
+  auto trace = make_workload(name, workload);
+  if (!trace) return std::move(trace).error();
+  ReplayOptions options;
+  options.config.mem_fraction.value = 1.0;
+  options.passes = passes;
+  return replay_mode(*trace, Mode::expandable, options);
+}
 
 // What holds today (docs/expandable.md, "Once warm"): every trace settles
 // within a few passes (bcrafton from pass 4): from then on a pass creates, maps, unmaps and syncs
@@ -244,15 +258,7 @@ TEST(SteadyState, HeadroomServesASecondPassThatPeaksPastTheFirst) {
 // created again (multi-stream-inference at one step, seed 10: c10 m10).
 // While the pool grows, a take refills the headroom past what it left.
 TEST(SteadyState, HeadroomTakenWhileGrowingIsRefilledForTheNextPass) {
-  WorkloadOptions workload;
-  workload.steps = 1;
-  workload.seed = 10;
-  auto trace = make_workload("multi-stream-inference", workload);
-  ASSERT_TRUE(trace) << trace.error().message();
-  ReplayOptions options;
-  options.config.mem_fraction.value = 1.0;
-  options.passes = 3;
-  auto result = replay_mode(*trace, Mode::expandable, options);
+  auto result = warm_replay("multi-stream-inference", 10, 1, 3);
   ASSERT_TRUE(result) << result.error().message();
   for (std::size_t pass = 1; pass < 3; ++pass) {
     const DeviceCalls& calls = result->passes[pass].device_calls;
@@ -264,15 +270,7 @@ TEST(SteadyState, HeadroomTakenWhileGrowingIsRefilledForTheNextPass) {
 TEST(SteadyState, ATrainingProgramIsPlacedAsItWasTheLastTime) {
   for (const auto& [seed, steps] : {std::pair{5, 0}, std::pair{7, 1}, std::pair{6, 2}, std::pair{8, 2}}) {
     SCOPED_TRACE("train-step, seed " + std::to_string(seed) + ", steps " + std::to_string(steps));
-    WorkloadOptions workload;
-    workload.seed = static_cast<std::uint64_t>(seed);
-    workload.steps = static_cast<std::uint32_t>(steps);
-    auto trace = make_workload("train-step", workload);
-    ASSERT_TRUE(trace) << trace.error().message();
-    ReplayOptions options;
-    options.config.mem_fraction.value = 1.0;
-    options.passes = 2;
-    auto result = replay_mode(*trace, Mode::expandable, options);
+    auto result = warm_replay("train-step", static_cast<std::uint64_t>(seed), static_cast<std::uint32_t>(steps), 2);
     ASSERT_TRUE(result) << result.error().message();
     const DeviceCalls& first = result->passes[0].device_calls;
     EXPECT_EQ(first.unmaps, 0u);  // pass 1 steals nothing
